@@ -1,0 +1,143 @@
+"""What every notebook shares: the setup cell, live charts, progress bars, verdicts.
+
+Notebooks call these; they hold no logic of their own. Everything here also works outside a
+notebook (tests call the same functions, the widgets simply are not displayed).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from . import db
+from .server import ServerNotRunning
+
+#: "workshop" (default) or "full": the article's sizes. CI and the browser test use "workshop".
+SIZE = os.environ.get("TENANTLAB_SIZE", "workshop")
+
+
+def full() -> bool:
+    """Return True when notebooks should run at the article's sizes (TENANTLAB_SIZE=full)."""
+    return SIZE == "full"
+
+
+@dataclass
+class Lab:
+    dsn: str
+    version: str
+
+    def __repr__(self) -> str:
+        return f"PostgreSQL {self.version} is ready ({'full' if full() else 'workshop'} size)"
+
+
+def setup() -> Lab:
+    """Check the server, build the template if needed, and make charts work offline."""
+    try:
+        dsn = db.admin_dsn()
+        version = db.server_version(dsn)
+    except ServerNotRunning as e:
+        raise ServerNotRunning(
+            f"{e}. In a terminal in the repository: `make lab` (or `tenantlab up`)."
+        ) from None
+    db.ensure_template(dsn)
+    _offline_charts()
+    return Lab(dsn=dsn, version=version)
+
+
+def _offline_charts() -> None:
+    # JupyterChart loads its JavaScript from vl-convert instead of a CDN: works without network.
+    try:
+        alt.JupyterChart.enable_offline()
+    except Exception:  # pragma: no cover - vl-convert missing: charts still work online
+        pass
+
+
+def in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
+
+
+def show(obj: Any) -> None:
+    """Display obj in a notebook; do nothing elsewhere."""
+    if in_notebook():
+        from IPython.display import display
+
+        display(obj)
+
+
+class LiveChart:
+    """A chart that redraws from a DataFrame while an experiment runs.
+
+    ``make`` turns the data so far into an Altair chart; ``update(df)`` redraws. In a notebook it
+    is an ``alt.JupyterChart`` widget; elsewhere it just keeps the last chart (tests look at it).
+    """
+
+    def __init__(self, make: Callable[[pd.DataFrame], alt.TopLevelMixin],
+                 data: pd.DataFrame | None = None) -> None:
+        self.make = make
+        self.data = data if data is not None else pd.DataFrame()
+        self.chart = make(self.data)
+        self.updates = 0
+        self.widget = alt.JupyterChart(self.chart) if in_notebook() else None
+
+    def update(self, data: pd.DataFrame) -> None:
+        self.data = data
+        self.chart = self.make(data)
+        self.updates += 1
+        if self.widget is not None:
+            self.widget.chart = self.chart
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget if self.widget is not None else self.chart)
+
+
+class Progress:
+    """A progress bar in a notebook, silent elsewhere: ``with progress(n, "runs") as step: step()``."""
+
+    def __init__(self, total: int, description: str = "") -> None:
+        self.total, self.done, self.description = total, 0, description
+        self.bar = None
+        if in_notebook():
+            import ipywidgets as w
+
+            self.bar = w.IntProgress(value=0, min=0, max=max(total, 1), description=description,
+                                     bar_style="info")
+            show(self.bar)
+
+    def __call__(self, n: int = 1) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.value = min(self.done, self.total)
+
+    def close(self, ok: bool = True) -> None:
+        if self.bar is not None:
+            self.bar.bar_style = "success" if ok else "danger"
+
+
+@contextmanager
+def progress(total: int, description: str = "") -> Iterator[Progress]:
+    bar = Progress(total, description)
+    ok = False
+    try:
+        yield bar
+        ok = True
+    finally:
+        bar.close(ok)
+
+
+def verdict(ok: bool, expected: str, measured: str) -> str:
+    """Return the line printed beside a chart: what was expected, what was measured, agreed?"""
+    mark = "✓ as the article says" if ok else "✗ NOT as the article says"
+    return f"{mark}: expected {expected}; measured {measured}"
