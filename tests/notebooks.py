@@ -1,0 +1,38 @@
+"""Execute a notebook top to bottom in a fresh kernel, as a workshop participant would."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def run_notebook(path: Path, timeout: int = 300, env: dict[str, str] | None = None
+                 ) -> nbformat.NotebookNode:
+    """Run every cell (per-cell timeout in seconds); raise CellExecutionError on the first error."""
+    nb = nbformat.read(path, as_version=4)
+    # The kernel inherits os.environ: point it at the suite's server, at workshop size.
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    os.environ.setdefault("TENANTLAB_SIZE", "workshop")
+    try:
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}})
+        client.execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return nb
+
+
+def errors(nb: nbformat.NotebookNode) -> list[str]:
+    """Return the error outputs of an executed notebook (should be empty)."""
+    return [
+        f"{o.get('ename')}: {o.get('evalue')}"
+        for c in nb.cells if c.cell_type == "code"
+        for o in c.get("outputs", []) if o.get("output_type") == "error"
+    ]
