@@ -16,7 +16,10 @@ import importlib
 from types import ModuleType
 
 # finding id -> module name under tenantlab.experiments, in the article's order.
-FINDINGS: dict[str, str] = {}
+FINDINGS: dict[str, str] = {
+    "leak": "leak",
+    "reset": "reset",
+}
 
 
 def module(finding: str) -> ModuleType:

@@ -1,0 +1,181 @@
+"""Finding ``leak``: the tenant context of one job outlives it, but only when the job succeeds.
+
+A pool of exactly one connection (as the worker role) runs one job per tenant 1..n; each job
+sets the tenant and counts invoices. After each job a *borrower* takes the connection, sets
+nothing, and counts too: whatever it sees is another job's tenant leaking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from .. import db, tenant
+from ..queries import q
+
+CLAIM = ("A job that set the tenant in the session form and succeeded hands it to the next "
+         "borrower of the pooled connection; a failed job leaks nothing unless in autocommit; "
+         "the local form never leaks.")
+
+ARTICLE: dict[str, Any] = {
+    "seen_after_job": {
+        "session": [20000, 10000, 6666],
+        "session_job2_fails": [20000, 20000, 6666],
+        "autocommit_job2_fails": [20000, 10000, 6666],
+        "local": [0, 0, 0],
+    },
+    "setup": "pool of one connection, jobs for tenants 1, 2, 3, a borrower after each job",
+}
+
+
+class JobFailed(Exception):
+    """The experiment's failing job failed, as planned (after it counted ``seen`` invoices)."""
+
+    def __init__(self, message: str, seen: int) -> None:
+        super().__init__(message)
+        self.seen = seen
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One run of the script: how the jobs set the tenant, which job fails, autocommit or not."""
+
+    name: str
+    local: bool = False
+    fail_job: int | None = None
+    autocommit: bool = False
+
+    @property
+    def label(self) -> str:
+        form = "local form" if self.local else "session form"
+        fails = f"job {self.fail_job} fails" if self.fail_job else "all succeed"
+        return f"{form}, {fails}{', autocommit' if self.autocommit else ''}"
+
+
+#: The article's four runs, in the article's order.
+VARIANTS = (
+    Variant("session"),
+    Variant("session_job2_fails", fail_job=2),
+    Variant("autocommit_job2_fails", fail_job=2, autocommit=True),
+    Variant("local", local=True),
+)
+
+
+def variants_for(fail_job: int | None, autocommit: bool) -> tuple[Variant, Variant]:
+    """Return the naive (session form) and the corrected (local form) run for the same knobs."""
+    tag = f"{'autocommit_' if autocommit else ''}{f'job{fail_job}_fails' if fail_job else 'ok'}"
+    return (Variant(f"session_{tag}", False, fail_job, autocommit),
+            Variant(f"local_{tag}", True, fail_job, autocommit))
+
+
+def _job(conn: psycopg.Connection, tenant_id: int, variant: Variant, fails: bool) -> int:
+    # The corrected job wraps its work in a transaction so the local form has one to live in,
+    # also in autocommit; the naive job relies on the pool's commit/rollback, as in the article.
+    with conn.transaction() if variant.local else nullcontext():
+        tenant.set_tenant(conn, tenant_id, local=variant.local)
+        seen = conn.execute(q("count_invoices")).fetchone()[0]
+        if fails:
+            try:
+                conn.execute(q("tenant_failing_work"))
+            except psycopg.errors.DivisionByZero as e:
+                raise JobFailed(f"job for tenant {tenant_id} failed: {e}", seen) from e
+        return seen
+
+
+def run_variant(scratch: db.Scratch, variant: Variant, jobs: int = 3) -> list[dict[str, Any]]:
+    """Run jobs for tenants 1..jobs, a borrower after each; return one row per step."""
+    if jobs < 1 or (variant.fail_job is not None and not 1 <= variant.fail_job <= jobs):
+        raise ValueError(f"fail_job must be none or between 1 and {jobs}, not {variant.fail_job}")
+    rows: list[dict[str, Any]] = []
+    pool: ConnectionPool = tenant.one_connection_pool(
+        scratch.worker, f"leak {variant.name}", autocommit=variant.autocommit)
+    with pool:
+        for job in range(1, jobs + 1):
+            fails = job == variant.fail_job
+            outcome, seen = "committed", None
+            try:
+                with pool.connection() as conn:
+                    seen = _job(conn, job, variant, fails)
+                    if variant.autocommit and not variant.local:
+                        outcome = "autocommit"
+            except JobFailed as failed:
+                seen = failed.seen
+                outcome = "failed: rolled back" if not variant.autocommit or variant.local \
+                    else "failed: nothing to roll back"
+            rows.append(_row(variant, job, "job", job, outcome, seen, job))
+            with pool.connection() as conn:  # the borrower: sets nothing
+                seen = conn.execute(q("count_invoices")).fetchone()[0]
+                context = tenant.current_tenant(conn)
+            rows.append(_row(variant, job, "borrower", None, "sets nothing", seen, context))
+    return rows
+
+
+def _row(variant: Variant, job: int, actor: str, tenant_id: int | None, outcome: str,
+         seen: int | None, context: int | None) -> dict[str, Any]:
+    return {"variant": variant.name, "label": variant.label, "job": job, "actor": actor,
+            "tenant": tenant_id, "outcome": outcome, "invoices_seen": seen,
+            "context": context, "leaked": actor == "borrower" and bool(seen)}
+
+
+def run(*, full: bool = False, progress: Callable[[int], None] | None = None,
+        variants: tuple[Variant, ...] = VARIANTS, jobs: int = 3,
+        live: Any = None) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Run each variant in one scratch database; return the steps and what borrowers saw.
+
+    ``full`` changes nothing: the article's experiment is already this small.
+    """
+    rows: list[dict[str, Any]] = []
+    with db.scratch("leak") as s:
+        for variant in variants:
+            rows.extend(run_variant(s, variant, jobs))
+            if progress:
+                progress(1)
+            if live is not None:
+                live.update(pd.DataFrame(rows))
+    df = pd.DataFrame(rows).astype({"tenant": "Int64", "context": "Int64"})
+    return df, {"seen_after_job": seen_after_job(df), "jobs": jobs}
+
+
+def seen_after_job(df: pd.DataFrame) -> dict[str, list[int]]:
+    """Return, per variant, the invoices the borrower saw after each job."""
+    b = df[df.actor == "borrower"]
+    return {v: [int(n) for n in b[b.variant == v].sort_values("job").invoices_seen]
+            for v in pd.unique(b.variant)}
+
+
+def script(df: pd.DataFrame, variant: str) -> pd.DataFrame:
+    """Return the interleaved script of one variant: who did what, and what it saw."""
+    d = df[df.variant == variant]
+    lines = []
+    for r in d.itertuples():
+        if r.actor == "job":
+            who = f"job {r.job} (tenant {r.tenant})"
+            did = f"sets tenant {r.tenant}, counts, {r.outcome}"
+        else:
+            who = "borrower"
+            did = "sets nothing, counts"
+        seen = f"{int(r.invoices_seen):,}"
+        note = ""
+        if r.actor == "borrower" and r.invoices_seen:
+            note = f"LEAK: tenant {int(r.context)}'s invoices"
+        lines.append({"step": len(lines) + 1, "who": who, "does": did, "invoices seen": seen,
+                      "": note})
+    return pd.DataFrame(lines).set_index("step")
+
+
+def reproduce(full: bool = False) -> dict[str, Any]:
+    """Run the article's four variants and compare what the borrowers saw."""
+    _, summary = run(full=full)
+    seen = summary["seen_after_job"]
+    expected = ARTICLE["seen_after_job"]
+    agree = {v: seen.get(v) == n for v, n in expected.items()}
+    ok = all(agree.values())
+    text = "; ".join(f"{v}: {', '.join(f'{n:,}' for n in seen[v])}" for v in expected)
+    return {"measured": {"seen_after_job": seen, "as_article": agree},
+            "reproduced": ok, "summary": f"borrower saw {text}"}
