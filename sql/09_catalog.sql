@@ -1,0 +1,23 @@
+-- Read-only looks at the catalog: what notebook 00 and the schema tests show.
+
+-- Run by tenantlab.schema.tables (notebook 00): the lab's tables and their columns.
+-- name: describe_columns
+select c.table_name as "table", c.column_name as "column", c.data_type as "type",
+       c.is_nullable = 'YES' as nullable, c.column_default as "default"
+from information_schema.columns c
+where c.table_schema = 'public'
+order by c.table_name, c.ordinal_position;
+
+-- Run by tenantlab.schema.constraints (notebook 00, tests): the invariants, by name.
+-- name: describe_constraints
+select conrelid::regclass::text as "table", conname as "constraint",
+       pg_get_constraintdef(oid) as definition
+from pg_constraint
+where contype = 'c' and connamespace = 'public'::regnamespace
+order by 1, 2;
+
+-- Run by tenantlab.schema.facts (notebook 00, tests): who the worker is, and what it owns.
+-- name: whoami
+select current_user,
+       pg_get_userbyid((select relowner from pg_class where oid = 'invoices'::regclass))
+         = current_user as owns_invoices;

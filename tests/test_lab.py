@@ -1,0 +1,66 @@
+"""`tenantlab lab` started headless answers on its port and stops with the server it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from tenantlab.server import Server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_lab_starts_headless_and_stops_cleanly() -> None:
+    home = Path(tempfile.mkdtemp(prefix="tl-lab-", dir="/tmp"))
+    home.chmod(0o755)
+    port, token = _free_port(), "test-token-123"
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(TENANTLAB_HOME=str(home), JUPYTER_CONFIG_DIR=str(home / "jupyter"))
+    log = (home / "lab.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tenantlab", "lab", "--no-browser", "--port", str(port),
+         "--db-port", str(_free_port()), "--token", token],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        status = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                url = f"http://127.0.0.1:{port}/api/status?token={token}"
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    status = json.load(r)
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert status is not None, (home / "lab.log").read_text()[-3000:]
+        assert "started" in status
+        # Without the token the API refuses: token auth is on.
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents", timeout=2)
+            raise AssertionError("the API answered without a token")
+        except urllib.error.HTTPError as e:
+            assert e.code == 403
+        assert Server(home).pid() is not None, "the lab did not start the embedded server"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert Server(home).pid() is None, "the lab left the server it started running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        Server(home).down()
+        shutil.rmtree(home, ignore_errors=True)

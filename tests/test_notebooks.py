@@ -1,0 +1,29 @@
+"""Notebooks are stored clean, and notebook 00 runs top to bottom against the suite's server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from notebooks import NOTEBOOKS, errors, run_notebook
+
+
+def test_notebooks_are_stored_without_outputs() -> None:
+    paths = sorted(NOTEBOOKS.glob("*.ipynb"))
+    assert paths, "no notebooks found"
+    for path in paths:
+        nb = json.loads(path.read_text())
+        dirty = [i for i, c in enumerate(nb["cells"])
+                 if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
+        assert not dirty, f"{path.name}: cells {dirty} have stored outputs"
+
+
+@pytest.mark.notebook
+def test_start_here_runs_top_to_bottom(admin_dsn: str) -> None:
+    nb = run_notebook(NOTEBOOKS / "00-start-here.ipynb", env={"DATABASE_URL": admin_dsn})
+    assert errors(nb) == []
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs if o.get("output_type") == "stream")
+    assert "✓ tenant 1 sees 20,000 invoices: 20,000" in text
+    assert "✗" not in text
