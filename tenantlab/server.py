@@ -7,6 +7,7 @@ so when tenantlab runs as root (CI, containers) the server runs as an unprivileg
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import pwd
@@ -38,9 +39,17 @@ def home() -> Path:
     if env := os.environ.get("TENANTLAB_HOME"):
         return Path(env).resolve()
     if (REPO / "pyproject.toml").exists():
+        if os.geteuid() == 0 and not _world_traversable(REPO):
+            # The server user could not enter the checkout (e.g. under /root): keep state outside.
+            digest = hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
+            return Path("/var/lib/tenantlab") / f"home-{digest}"
         return REPO / ".tenantlab"
     state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
     return state / "tenantlab"
+
+
+def _world_traversable(path: Path) -> bool:
+    return all(p.stat().st_mode & 0o001 for p in (path, *path.parents))
 
 
 def bindir() -> Path:
