@@ -80,45 +80,6 @@ select n_live_tup, n_dead_tup, n_tup_del, n_tup_upd,
 from pg_stat_user_tables
 where relid = 'jobs'::regclass;
 
--- Run by tenantlab.experiments.vacuum between variants (as admin): start from an empty queue.
--- name: vacuum_reset_jobs
-truncate jobs, job_runs restart identity;
-
--- Run by tenantlab.experiments.vacuum: one long job (first by id) and many short ones.
--- name: vacuum_fill_jobs
-insert into jobs (tenant_id, kind, seconds)
-select 1 + mod(i, 100), case when i = 0 then 'sleep' else 'count' end,
-       case when i = 0 then %(long_seconds)s else 0 end
-from generate_series(0, %(short_jobs)s) as i;
-
--- Run by the single-transaction long job: the claim whose row lock is held until commit.
--- name: vacuum_claim_for_update
-select id, tenant_id from jobs
-where status = 'queued' order by id limit 1
-for update skip locked;
-
--- Run by the single-transaction long job and the short worker: finish in the claim's transaction.
--- name: vacuum_finish
-update jobs set status = 'done' where id = %(id)s;
-
--- Run by the leased long job: the claim commits on its own and counts the attempt.
--- name: vacuum_claim_leased
-update jobs set status = 'running', attempts = attempts + 1,
-       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
-where id = (select id from jobs
-            where status = 'queued' and attempts < max_attempts
-            order by id limit 1 for update skip locked)
-returning id, tenant_id, attempts;
-
--- Run by the leased long job: finish only the attempt it claimed.
--- name: vacuum_finish_if_owner
-update jobs set status = 'done', locked_until = null
-where id = %(id)s and attempts = %(attempt)s and status = 'running';
-
--- Run by the long job that writes: its execution row, written inside its long transaction.
--- name: vacuum_record_run
-insert into job_runs (job_id, worker, attempt) values (%(id)s, %(worker)s, %(attempt)s);
-
 -- Run by tenantlab.experiments.vacuum (as admin, autocommit): its INFO lines are parsed.
 -- name: vacuum_verbose_jobs
 vacuum (verbose) jobs;

@@ -19,6 +19,7 @@ from types import ModuleType
 FINDINGS: dict[str, str] = {
     "leak": "leak",
     "reset": "reset",
+    "vacuum": "vacuum",
     "horizon": "horizon",
 }
 

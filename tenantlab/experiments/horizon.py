@@ -128,7 +128,9 @@ def run(*, jobs: int | None = None, block: int | None = None, holder: str | None
                 }
                 rows.append(row)
                 if progress is not None:
-                    progress(dict(row, sample=sample))
+                    pids = [fetcher.info.backend_pid, monitor.conn.info.backend_pid,
+                            hold.pid if hold else None]
+                    progress(dict(row, sample=sample, pids=[p for p in pids if p]))
                 if hold is not None and release_after is not None and b + 1 == release_after:
                     hold.release()
         finally:
