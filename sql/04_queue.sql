@@ -139,3 +139,7 @@ alter table jobs disable row level security;
 -- Run by the job kind "fail" (tenantlab/kinds.py): the article's poison pill.
 -- name: poison
 select 1/0;
+
+-- Run by the experiments as admin between variants: an empty queue, ids from 1 again.
+-- name: reset_queue
+truncate jobs, job_runs restart identity;

@@ -19,8 +19,11 @@ from types import ModuleType
 FINDINGS: dict[str, str] = {
     "leak": "leak",
     "reset": "reset",
+    "poison": "poison",
+    "crash": "crash",
     "vacuum": "vacuum",
     "horizon": "horizon",
+    "rls-jobs": "rls_jobs",
 }
 
 

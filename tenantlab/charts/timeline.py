@@ -1,0 +1,117 @@
+"""Draw the workers' event log as a timeline: one row per worker process, time across.
+
+Executions are bars (from ``execute`` to its finish, failure, crash or fence), the other events
+are marks on them: claims, failures, crashes, fences, dead jobs, reaps. ``live()`` returns a
+chart that redraws while the workers run; ``panel()`` puts knobs and a Run button above it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from .. import nb
+
+MARKS = ["claim", "finish", "fail", "crash", "fenced", "dead", "reap", "idle"]
+ENDS = {"finish": "done", "fail": "failed", "crash": "crashed", "fenced": "fenced"}
+COLORS = {"done": "#4c78a8", "failed": "#f58518", "crashed": "#e45756", "fenced": "#b279a2",
+          "running": "#9d9d9d", "claim": "#54a24b", "finish": "#4c78a8", "fail": "#f58518",
+          "crash": "#e45756", "dead": "#000000", "reap": "#7f3c8d", "idle": "#bab0ac"}
+_EVENT_COLS = ["t", "worker", "event", "job", "attempt", "label"]
+_SPAN_COLS = ["worker", "job", "attempt", "start", "end", "outcome", "label"]
+
+
+def frame(events: Iterable[dict[str, Any]], t0: float | None = None) -> pd.DataFrame:
+    """Return the events as a table, ``t`` in seconds since t0 (default: the first event)."""
+    df = pd.DataFrame(list(events))
+    if df.empty:
+        return pd.DataFrame(columns=_EVENT_COLS)
+    for col in ("job", "attempt"):
+        if col not in df:
+            df[col] = pd.NA
+    df["t"] = df["t"] - (t0 if t0 is not None else df["t"].min())
+    df["label"] = [_label(r) for r in df.itertuples()]
+    return df.sort_values("t", kind="stable").reset_index(drop=True)
+
+
+def _label(r: Any) -> str:
+    job = "" if pd.isna(r.job) else f" job {int(r.job)}"
+    attempt = "" if pd.isna(r.attempt) else f" attempt {int(r.attempt)}"
+    return f"{r.event}{job}{attempt}"
+
+
+def spans(df: pd.DataFrame) -> pd.DataFrame:
+    """Return one row per execution: worker, job, attempt, start, end, outcome."""
+    rows: list[dict[str, Any]] = []
+    open_: dict[tuple[str, Any], dict[str, Any]] = {}
+    for r in df.itertuples():
+        key = (r.worker, r.job)
+        if r.event == "execute":
+            open_[key] = {"worker": r.worker, "job": r.job, "attempt": r.attempt,
+                          "start": r.t, "end": r.t, "outcome": "running"}
+        elif r.event in ENDS and key in open_:
+            span = open_.pop(key)
+            rows.append({**span, "end": r.t, "outcome": ENDS[r.event]})
+    last = df["t"].max() if len(df) else 0.0
+    rows += [{**s, "end": last} for s in open_.values()]
+    out = pd.DataFrame(rows, columns=_SPAN_COLS[:-1])
+    out["label"] = [f"job {int(j)} attempt {int(a)}: {o}" if pd.notna(j) and pd.notna(a) else o
+                    for j, a, o in zip(out["job"], out["attempt"], out["outcome"], strict=True)]
+    return out
+
+
+def chart(df: pd.DataFrame, title: str = "workers over time") -> alt.LayerChart:
+    """Return the timeline of an events table made by ``frame``."""
+    df = df if len(df) else pd.DataFrame(columns=_EVENT_COLS)
+    order = list(dict.fromkeys(df["worker"])) if len(df) else []
+    y = alt.Y("worker:N", sort=order, title=None)
+    domain = list(COLORS)
+    color = alt.Color("kind:N", title=None, scale=alt.Scale(domain=domain,
+                                                            range=[COLORS[k] for k in domain]))
+    bars = alt.Chart(spans(df).rename(columns={"outcome": "kind"})).mark_bar(
+        height=14, opacity=0.55).encode(
+        x=alt.X("start:Q", title="seconds"), x2="end:Q", y=y, color=color,
+        tooltip=["worker:N", "label:N"])
+    points = df[df["event"].isin(MARKS)].rename(columns={"event": "kind"}) if len(df) else \
+        pd.DataFrame(columns=["t", "worker", "kind", "label"])
+    marks = alt.Chart(points).mark_point(size=90, filled=True).encode(
+        x="t:Q", y=y, color=color,
+        shape=alt.Shape("kind:N", title=None, legend=None),
+        tooltip=["worker:N", "label:N", alt.Tooltip("t:Q", format=".2f")])
+    return (bars + marks).properties(title=title, width=620,
+                                     height=max(80, 24 * max(len(order), 1)))
+
+
+def live(title: str = "workers over time") -> nb.LiveChart:
+    """Return a timeline that redraws from ``live.update(frame(...))`` while workers run."""
+    return nb.LiveChart(lambda df: chart(df, title), frame([]))
+
+
+def panel(run: Callable[..., Any], controls: dict[str, Any], title: str) -> Any:
+    """Return knobs, a Run button and a live timeline; the button calls ``run(live=, **knobs)``.
+
+    Sliders only set values: nothing runs until the button is pressed.
+    """
+    import ipywidgets as w
+    from IPython.display import display
+
+    button = w.Button(description="Run", button_style="primary", icon="play")
+    out = w.Output()
+
+    def clicked(_: Any) -> None:
+        button.disabled = True
+        out.clear_output()
+        try:
+            with out:
+                chart_ = live(title)
+                display(chart_)
+                result = run(live=chart_, **{k: c.value for k, c in controls.items()})
+                display(result)
+        finally:
+            button.disabled = False
+
+    button.on_click(clicked)
+    return w.VBox([w.HBox(list(controls.values()) + [button]), out])

@@ -1,0 +1,132 @@
+"""Finding ``rls-jobs``: the tenant policy on the jobs table hides every job from the worker.
+
+100 jobs, one per tenant. The admin puts the invoices' tenant policy on ``jobs`` too (in this
+experiment's own scratch database). A worker without tenant context then sees 0 of 100 jobs and
+both claims return nothing: no error, an apparently empty queue. A worker process started on
+it finds nothing to do and exits. The fix: keep the jobs table out of the tenant policy and run
+the work as the tenant with the local form; the same worker process then runs all 100, each
+counting exactly its own tenant's invoices.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import pandas as pd
+
+from .. import queue, tenant
+from ..queries import q
+from ._workers import WorkersRun, workers_run
+
+CLAIM = ("With the tenant policy on the jobs table too, a worker without tenant context sees 0 "
+         "of 100 jobs and its claim returns nothing, without an error: an apparently empty "
+         "queue.")
+
+ARTICLE: dict[str, Any] = {
+    "visible_without_tenant": 0, "total_jobs": 100, "claimed": 0, "error": None,
+    "fix": "keep jobs out of the tenant policy; run the work as the tenant with set_config(..., true)",
+}
+
+
+class Result(NamedTuple):
+    table: pd.DataFrame  # one row per step of the script
+    summary: dict[str, Any]
+    events: pd.DataFrame
+
+
+def _worker_process(run: WorkersRun, name: str) -> tuple[int, pd.DataFrame]:
+    proc = run.start(design="leased", name=name, until_empty=True, poll=0.05, lease=30.0)
+    code = run.wait(proc)
+    ev = run.events()
+    return code, ev[ev["worker"] == name]
+
+
+def run(*, full: bool = False, progress: Any = None, live: Any = None,
+        jobs: int = 100) -> Result:
+    """Show the trap and the fix; return the script's steps, the measured values and events.
+
+    ``jobs`` are spread over tenants 1..100 in turn; ``full`` changes nothing.
+    """
+    if not 1 <= jobs <= 10_000:
+        raise ValueError(f"jobs must be 1..10000, not {jobs}")
+    steps: list[dict[str, Any]] = []
+
+    def step(who: str, does: str, seen: Any) -> None:
+        steps.append({"who": who, "does": does, "seen": seen})
+
+    with workers_run("rls_jobs", live) as r:
+        with (r.scratch.connect("admin", "rls-jobs admin", autocommit=True) as admin,
+              r.scratch.connect("worker", "rls-jobs worker", autocommit=True) as conn):
+            queue.enqueue(conn, "count", count=jobs)
+            admin.execute(q("jobs_tenant_policy"))
+            total = admin.execute(q("count_jobs")).fetchone()[0]
+            step("admin", "puts the tenant policy on jobs; counts jobs", total)
+            visible = conn.execute(q("count_jobs")).fetchone()[0]
+            step("worker (no tenant set)", "counts jobs", visible)
+            error = None
+            try:
+                leased = queue.Leased(lease=30.0).claim(conn)
+                single = queue.SingleTransaction().run_one(conn)
+            except Exception as e:  # the article saw none; say so if this server differs
+                leased = single = None
+                error = f"{type(e).__name__}: {e}"
+            claimed = int(leased is not None) + int(single is not None)
+            step("worker (no tenant set)", "claims a job (leased, then single transaction)",
+                 "nothing, no error" if not claimed and error is None else error or claimed)
+            with conn.transaction():
+                tenant.set_tenant(conn, 7, local=True)
+                as_tenant_7 = conn.execute(q("count_jobs")).fetchone()[0]
+            step("worker (tenant 7 set locally)", "counts jobs", as_tenant_7)
+            if progress:
+                progress(1)
+            code, ev = _worker_process(r, "worker-with-policy")
+            ran_with_policy = int((ev["event"] == "claim").sum())
+            step("worker process", "starts, polls, exits on an empty queue",
+                 f"{ran_with_policy} jobs claimed")
+
+            admin.execute(q("jobs_drop_tenant_policy"))
+            step("admin", "takes the jobs table out of the tenant policy", "")
+            after = conn.execute(q("count_jobs")).fetchone()[0]
+            step("worker (no tenant set)", "counts jobs", after)
+            code, ev = _worker_process(r, "worker-after-fix")
+            done = sum(s["status"] == "done" for s in queue.job_states(conn))
+            right = _counted_right(ev)
+            step("worker process", "claims each job, sets its tenant locally, counts invoices",
+                 f"{done} done, {right} counted exactly their tenant's invoices")
+            if progress:
+                progress(1)
+        events = r.events()
+    summary = {"visible_without_tenant": visible, "total_jobs": total, "claimed": claimed,
+               "error": error, "visible_as_tenant_7": as_tenant_7,
+               "claimed_by_worker_process": ran_with_policy, "visible_after_fix": after,
+               "done_after_fix": done, "counted_right_after_fix": right}
+    return Result(pd.DataFrame(steps), summary, events)
+
+
+def _counted_right(ev: pd.DataFrame) -> int:
+    """Count finished jobs whose result is exactly floor(20000 / tenant)."""
+    claims = ev[ev["event"] == "claim"].set_index("job")["tenant"]
+    fin = ev[ev["event"] == "finish"]
+    return int(sum(int(r.result) == 20000 // int(claims[r.job]) for r in fin.itertuples()))
+
+
+def check(summary: dict[str, Any]) -> bool:
+    s = summary
+    return (s["visible_without_tenant"] == 0 and s["total_jobs"] > 0 and s["claimed"] == 0
+            and s["error"] is None and s["visible_after_fix"] == s["total_jobs"])
+
+
+def verdict(summary: dict[str, Any]) -> tuple[bool, str, str]:
+    s = summary
+    measured = (f"without tenant context {s['visible_without_tenant']} of {s['total_jobs']} jobs "
+                f"visible, claim returned {s['claimed']} jobs, error {s['error']}; after the fix "
+                f"{s['visible_after_fix']} visible, {s['done_after_fix']} done")
+    return check(s), "0 of 100 visible, claim returns nothing, no error; 100 after the fix", \
+        measured
+
+
+def reproduce(full: bool = False) -> dict[str, Any]:
+    """Run the trap and the fix with the article's 100 jobs."""
+    res = run(full=full)
+    ok, _, text = verdict(res.summary)
+    return {"measured": res.summary, "reproduced": ok, "summary": text}
