@@ -1,4 +1,4 @@
-"""Run one job's work by its kind: count, sleep, fail, crash, noop.
+"""Run one job's work by its kind: count, sleep, fail, crash, noop, outside (tenantlab/outside.py).
 
 Each kind runs inside the work's transaction, with the tenant already set locally and the
 ``job_runs`` row already written. Add a kind by adding a function to ``KINDS``.
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from .outside import call as outside
 from .queries import q
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def noop(conn: psycopg.Connection, claim: Claim, events: EventLog) -> None:
 
 
 KINDS: dict[str, Kind] = {"count": count, "sleep": sleep, "fail": fail, "crash": crash,
-                          "noop": noop}
+                          "noop": noop, "outside": outside}
 
 
 def run(conn: psycopg.Connection, claim: Claim, events: EventLog) -> Any:

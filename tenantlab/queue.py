@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import psycopg
 from psycopg.rows import class_row
 
+from . import heartbeat as hb
 from . import kinds
 from .events import EventLog, NullLog
 from .queries import q
@@ -155,21 +157,31 @@ class Leased:
 
     ``lease``: seconds a claim is exclusive; a job still running after it may be claimed again.
     ``backoff``: seconds before the first retry, doubling with each attempt (0 turns it off),
-    with jitter and capped at ``backoff_cap``.
+    with jitter and capped at ``backoff_cap``. ``heartbeat``: seconds between lease extensions
+    while the work runs (tenantlab/heartbeat.py); ``max_runtime``: seconds after which the
+    heartbeat stops and the job is abandoned. ``fence=False`` finishes without the attempt check
+    (the naive lease-only queue of finding overrun; never in production).
     """
 
     name = "leased"
 
     def __init__(self, *, lease: float = 30.0, backoff: float = 1.0,
-                 backoff_cap: float = 300.0) -> None:
+                 backoff_cap: float = 300.0, heartbeat: float | None = None,
+                 max_runtime: float | None = None, fence: bool = True) -> None:
         if not lease > 0:
             raise QueueError(f"lease must be a positive number of seconds, not {lease!r}")
         if backoff < 0 or backoff_cap < 0:
             raise QueueError(f"backoff must be 0 (off) or positive seconds, not {backoff!r}")
         self.lease, self.backoff, self.backoff_cap = float(lease), float(backoff), backoff_cap
+        hb.check(self.lease, heartbeat, max_runtime)
+        self.beat = hb.HeartbeatConfig(self.lease, heartbeat, max_runtime) if heartbeat else None
+        self.fence = fence
 
     def __repr__(self) -> str:
-        return f"Leased(lease={self.lease:g}, backoff={self.backoff:g})"
+        extra = f", heartbeat={self.beat.interval:g}, max_runtime={self.beat.max_runtime}" \
+            if self.beat else ""
+        return (f"Leased(lease={self.lease:g}, backoff={self.backoff:g}{extra}"
+                f"{'' if self.fence else ', fence=False'})")
 
     def claim(self, conn: psycopg.Connection) -> Claim | None:
         """Take the oldest eligible job and commit the claim before any work starts."""
@@ -188,8 +200,12 @@ class Leased:
         try:
             with conn.transaction():
                 start_run(conn, claim, worker, events)
-                result = work(conn, claim, events)
-                finished = conn.execute(q("complete_if_owner"), {
+                # The heartbeat covers the work only: it stops before the finish, so a beat can
+                # never run into this attempt's own completion and report it as a lost lease.
+                with self._heartbeat(conn, claim, worker, events):
+                    result = work(conn, claim, events)
+                finish = "complete_if_owner" if self.fence else "complete_unfenced"
+                finished = conn.execute(q(finish), {
                     "id": claim.id, "attempt": claim.attempt, "run": claim.run_id,
                 }).fetchone()[0]
                 if not finished:
@@ -199,6 +215,12 @@ class Leased:
             return Outcome(claim, "fenced", error=str(e))
         events.emit("finish", job=claim.id, attempt=claim.attempt, result=result)
         return Outcome(claim, "done", result=result)
+
+    def _heartbeat(self, conn: psycopg.Connection, claim: Claim, worker: str,
+                   events: EventLog) -> AbstractContextManager[object]:
+        if self.beat is None:
+            return nullcontext()
+        return hb.Heartbeat(hb.dsn_of(conn), claim, self.beat, worker=worker, events=events)
 
     def fail(self, conn: psycopg.Connection, claim: Claim, error: BaseException, *,
              events: EventLog | None = None) -> Outcome:
@@ -235,12 +257,17 @@ class Leased:
 
 
 def design(name: str, *, lease: float = 30.0, backoff: float = 1.0,
-           handle_errors: bool = False) -> SingleTransaction | Leased:
+           handle_errors: bool = False, heartbeat: float | None = None,
+           max_runtime: float | None = None, fence: bool = True) -> SingleTransaction | Leased:
     """Return the design called `name` ('single' or 'leased') with its options."""
     if name == "single":
+        if heartbeat is not None or max_runtime is not None or not fence:
+            raise QueueError("heartbeat, max-runtime and no-fence need the leased design: "
+                             "the single-transaction design has no lease")
         return SingleTransaction(handle_errors=handle_errors)
     if name == "leased":
-        return Leased(lease=lease, backoff=backoff)
+        return Leased(lease=lease, backoff=backoff, heartbeat=heartbeat,
+                      max_runtime=max_runtime, fence=fence)
     raise QueueError(f"unknown design {name!r}; valid: single, leased")
 
 

@@ -29,6 +29,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import db, kinds, queries, queue
 from .events import EventLog
+from .heartbeat import HeartbeatError
 
 log = logging.getLogger("tenantlab")
 
@@ -81,6 +82,9 @@ class WorkerConfig:
     until_empty: bool = False  # stop when a claim finds nothing
     poll: float = 0.5  # seconds between claims on an empty queue
     name: str | None = None
+    heartbeat: float | None = None  # seconds between lease extensions (leased)
+    max_runtime: float | None = None  # seconds after which the heartbeat abandons the job
+    fence: bool = True  # False: finish without the attempt check (finding overrun only)
 
     def __post_init__(self) -> None:
         if self.design not in ("single", "leased"):
@@ -103,7 +107,8 @@ class Worker:
         self.name = config.name or f"worker-{os.getpid()}"
         self.events = events or EventLog(self.name)
         self.design = queue.design(config.design, lease=config.lease, backoff=config.backoff,
-                                   handle_errors=config.handle_errors)
+                                   handle_errors=config.handle_errors, heartbeat=config.heartbeat,
+                                   max_runtime=config.max_runtime, fence=config.fence)
         self.stopping = False
         self.claimed = 0
 
@@ -118,7 +123,8 @@ class Worker:
         """Run until stopped; return how many jobs were claimed."""
         c = self.config
         self.events.emit("worker-start", design=c.design, lease=c.lease, backoff=c.backoff,
-                         handle_errors=c.handle_errors)
+                         handle_errors=c.handle_errors, heartbeat=c.heartbeat,
+                         max_runtime=c.max_runtime, fence=c.fence)
         idle = False
         try:
             with db.connect(self.dsn, self.name, autocommit=True) as conn:
@@ -150,8 +156,16 @@ def main(args: Any) -> int:
     """Run `tenantlab worker` with parsed arguments."""
     config = WorkerConfig(design=args.design, lease=args.lease, backoff=args.backoff,
                           handle_errors=args.handle_errors, max_jobs=args.max_jobs,
-                          until_empty=args.until_empty, poll=args.poll, name=args.name)
+                          until_empty=args.until_empty, poll=args.poll, name=args.name,
+                          heartbeat=args.heartbeat, max_runtime=args.max_runtime,
+                          fence=not args.no_fence)
     name = config.name or f"worker-{os.getpid()}"
+    try:
+        queue.design(config.design, lease=config.lease, heartbeat=config.heartbeat,
+                     max_runtime=config.max_runtime, fence=config.fence)
+    except (queue.QueueError, HeartbeatError) as e:
+        print(f"tenantlab worker: {e}", file=sys.stderr)
+        return 2
     events = EventLog(name, args.events)
     worker = Worker(worker_dsn(args.dsn), config, events)
     signal.signal(signal.SIGTERM, worker.stop)
@@ -168,18 +182,22 @@ def main(args: Any) -> int:
 def command(*, design: str, name: str, events: str | Path, lease: float | None = None,
             backoff: float | None = None, handle_errors: bool = False,
             max_jobs: int | None = None, until_empty: bool = False,
-            poll: float | None = None) -> list[str]:
+            poll: float | None = None, heartbeat: float | None = None,
+            max_runtime: float | None = None, fence: bool = True) -> list[str]:
     """Return the argv that starts one worker process."""
     argv = [sys.executable, "-m", "tenantlab", "worker", "--design", design, "--name", name,
             "--events", str(events)]
     for flag, value in (("--lease", lease), ("--backoff", backoff), ("--max-jobs", max_jobs),
-                        ("--poll", poll)):
+                        ("--poll", poll), ("--heartbeat", heartbeat),
+                        ("--max-runtime", max_runtime)):
         if value is not None:
             argv += [flag, str(value)]
     if handle_errors:
         argv.append("--handle-errors")
     if until_empty:
         argv.append("--until-empty")
+    if not fence:
+        argv.append("--no-fence")
     return argv
 
 
@@ -283,6 +301,12 @@ def add_arguments(sub: Any) -> None:
                    help="first retry delay in seconds, doubling per attempt; 0 = off (leased)")
     w.add_argument("--handle-errors", action="store_true",
                    help="single: count a failed attempt in a new transaction")
+    w.add_argument("--heartbeat", type=seconds("heartbeat"), default=None,
+                   help="extend the lease every S seconds while a job runs; S < lease (leased)")
+    w.add_argument("--max-runtime", type=seconds("max-runtime"), default=None,
+                   help="stop the heartbeat after S seconds: the job is abandoned (leased)")
+    w.add_argument("--no-fence", action="store_true",
+                   help="finish without checking the attempt: the naive lease-only queue (leased)")
     w.add_argument("--max-jobs", type=count("max-jobs"), default=None, help="stop after N claims")
     w.add_argument("--until-empty", action="store_true", help="stop when the queue is empty")
     w.add_argument("--poll", type=seconds("poll"), default=0.5, help="seconds between polls when idle")
