@@ -165,7 +165,7 @@ def script(df: pd.DataFrame, variant: str) -> pd.DataFrame:
         if r.actor == "borrower" and r.invoices_seen:
             note = f"LEAK: tenant {int(r.context)}'s invoices"
         lines.append({"step": len(lines) + 1, "who": who, "does": did, "invoices seen": seen,
-                      "": note})
+                      "note": note})
     return pd.DataFrame(lines).set_index("step")
 
 

@@ -57,7 +57,7 @@ VARIANTS = (
     Variant("leaky", "no cleanup, session form (leaks)", trap="leaks the tenant"),
     Variant("local", "no cleanup, local form", local=True),
     Variant("reset", "reset: RESET + commit", reset=tenant.reset_idle),
-    Variant("discard_all", "reset: DISCARD ALL, prepare_threshold=5", reset=tenant.discard_all,
+    Variant("discard_all", "reset: DISCARD ALL, prepared statements on", reset=tenant.discard_all,
             trap="prepared statements fail"),
     Variant("discard_all_unprepared", "reset: DISCARD ALL, prepare_threshold=None",
             reset=tenant.discard_all, prepare_threshold=None),
@@ -76,7 +76,7 @@ class Sizes:
     churn_warmup: int
 
 
-WORKSHOP = Sizes(jobs=800, warmup=200, runs=2, churn_jobs=100, churn_warmup=40)
+WORKSHOP = Sizes(jobs=600, warmup=100, runs=3, churn_jobs=100, churn_warmup=40)
 FULL = Sizes(jobs=2000, warmup=200, runs=2, churn_jobs=300, churn_warmup=200)
 
 
@@ -90,14 +90,18 @@ def total_jobs(full: bool = False, variants: tuple[Variant, ...] = VARIANTS) -> 
     return s.runs * sum(s.churn_jobs if v.churns else s.jobs for v in variants)
 
 
-def expected_failure_job(prepare_threshold: int) -> int:
-    """Return the job at which DISCARD ALL first breaks a prepared statement.
+def expected_failure_job(prepare_threshold: int) -> int | None:
+    """Return the job at which DISCARD ALL first breaks a prepared statement (None: never).
 
     psycopg counts executions per query; the one after ``prepare_threshold`` unprepared ones
-    (job threshold + 1) prepares it as ``_pg3_N`` and the next (job threshold + 2) executes the
-    prepared name, which the reset's DISCARD ALL dropped on the server in between.
+    (job threshold + 1) prepares it as ``_pg3_N`` (the job's set_config comes first, so it is
+    ``_pg3_0``) and the next (job threshold + 2) executes the prepared name, which the reset's
+    DISCARD ALL dropped on the server in between. psycopg does notice a DISCARD ALL, but only
+    when the statement first enters its cache while something is prepared: with threshold 0
+    that is every time (so it never fails), with 5 never (the first DISCARD ALL, after job 1,
+    finds nothing prepared yet, and later ones are already in the cache).
     """
-    return prepare_threshold + 2
+    return prepare_threshold + 2 if prepare_threshold >= 1 else None
 
 
 def _job(conn: psycopg.Connection, job: int, local: bool) -> None:
@@ -265,3 +269,22 @@ def reproduce(full: bool = False) -> dict[str, Any]:
         f"{ms.get('leaky')} leaky); local {ms.get('local')} ms = {r.get('local')}x leaky"
     )
     return {"measured": m, "reproduced": all(checks.values()), "summary": summary}
+
+
+def trace_discard_all(prepare_threshold: int | None = tenant.DEFAULT_PREPARE_THRESHOLD,
+                      jobs: int = 30) -> dict[str, Any]:
+    """Run DISCARD ALL resets with the given prepare_threshold; return where jobs failed and why."""
+    variant = Variant("discard_all", f"reset: DISCARD ALL, prepare_threshold={prepare_threshold}",
+                      reset=tenant.discard_all, prepare_threshold=prepare_threshold)
+    with db.scratch("reset_trace") as scratch:
+        rows, facts = run_variant(scratch, variant, jobs)
+    failed = [r for r in rows if r["error"]]
+    return {
+        "prepare_threshold": prepare_threshold, "jobs": jobs,
+        "failed_jobs": [r["job"] for r in failed],
+        "first_error": failed[0]["error"] if failed else None,
+        "expected_first": None if prepare_threshold is None
+        else expected_failure_job(prepare_threshold),
+        "connections_opened": facts["connections_opened"],
+        "reset_errors": sorted({_strip_addr(m) for m in facts["warnings"] if "resetting" in m}),
+    }

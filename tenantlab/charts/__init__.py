@@ -1,0 +1,1 @@
+"""Charts and widgets of the notebooks, one module per finding id."""
