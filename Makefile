@@ -16,7 +16,7 @@ FIND_PYTHON := for c in python3.13 python3.12 python3 \
 help:
 	@echo "make lab        start PostgreSQL 17 (embedded, or DATABASE_URL) and JupyterLab on notebooks/"
 	@echo "make test       run the whole test suite"
-	@echo "make reproduce  regenerate the article's findings (reproduce.json)"
+	@echo "make reproduce  regenerate the article's findings (reproduce.json, report.html, README matrix)"
 	@echo "make bench      benchmarks (not tests)"
 	@echo "make clean      stop the embedded server, remove .venv and .tenantlab"
 
@@ -41,7 +41,8 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 reproduce: $(STAMP)
-	$(VENV)/bin/tenantlab reproduce --json reproduce.json
+	$(VENV)/bin/tenantlab reproduce --json reproduce.json --report report.html
+	$(PY) tools/findings_matrix.py reproduce.json
 
 bench: $(STAMP)
 	$(PY) -m tenantlab.bench

@@ -122,6 +122,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.json:
         reproduce.write_json(result, args.json)
         print(f"wrote {args.json}", file=sys.stderr)
+    if args.report:
+        from . import report
+
+        report.write(result, args.report)
+        print(f"wrote {args.report}", file=sys.stderr)
     return 0
 
 
@@ -154,6 +159,8 @@ def parser() -> argparse.ArgumentParser:
                      help=f"finding ids (default: all): {', '.join(FINDINGS) or 'none yet'}")
     rep.add_argument("--full", action="store_true", help="the article's sizes (slower)")
     rep.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    rep.add_argument("--report", metavar="FILE",
+                     help="write one HTML page with claims, measurements, verdicts and charts")
     rep.set_defaults(func=cmd_reproduce)
 
     worker.add_arguments(sub)  # worker, enqueue, reap

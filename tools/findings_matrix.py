@@ -1,0 +1,53 @@
+"""Write the README's findings matrix from a `tenantlab reproduce --json` file.
+
+    python tools/findings_matrix.py reproduce.json        # rewrites README.md between markers
+    python tools/findings_matrix.py reproduce.json --print
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+START, END = "<!-- findings-matrix:start -->", "<!-- findings-matrix:end -->"
+
+
+def matrix(result: dict) -> str:
+    """Return the Markdown table: one row per finding, Hermitage-style ✓ / ✗."""
+    server = result["server_version"]
+    lines = [f"Measured by `tenantlab reproduce` on PostgreSQL {server} "
+             f"({'full' if result.get('full') else 'workshop'} size).", "",
+             f"| finding | the article | measured here | PostgreSQL {server.split()[0]} |",
+             "|---|---|---|---|"]
+    for finding, f in result["findings"].items():
+        mark = "✓" if f["reproduced"] else "✗"
+        cells = [f"`{finding}`", f["claim"], f.get("summary", ""), mark]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("json_file")
+    p.add_argument("--print", action="store_true", help="print the table instead of writing it")
+    args = p.parse_args(argv)
+    table = matrix(json.loads(Path(args.json_file).read_text()))
+    if args.print:
+        print(table)
+        return 0
+    text = README.read_text()
+    if START not in text or END not in text:
+        print(f"README.md has no {START} ... {END} markers", file=sys.stderr)
+        return 1
+    head, rest = text.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    README.write_text(f"{head}{START}\n{table}\n{END}{tail}")
+    print("README.md: findings matrix updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
