@@ -48,10 +48,17 @@ def set_tenant(conn: psycopg.Connection, tenant: int, *, local: bool = True) -> 
     conn.execute(q(name), {"tenant": str(tenant)})
 
 
+def count_invoices(conn: psycopg.Connection) -> int:
+    """Return how many invoices the connection's tenant context lets it see."""
+    row = conn.execute(q("count_invoices")).fetchone()
+    assert row is not None  # count(*) always returns a row
+    return int(row[0])
+
+
 def current_tenant(conn: psycopg.Connection) -> int | None:
     """Return the tenant context the connection carries now (None when there is none)."""
-    value = conn.execute(q("tenant_current")).fetchone()[0]
-    return int(value) if value else None
+    row = conn.execute(q("tenant_current")).fetchone()
+    return int(row[0]) if row and row[0] else None
 
 
 def reset_idle(conn: psycopg.Connection) -> None:

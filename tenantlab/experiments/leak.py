@@ -79,7 +79,7 @@ def _job(conn: psycopg.Connection, tenant_id: int, variant: Variant, fails: bool
     # also in autocommit; the naive job relies on the pool's commit/rollback, as in the article.
     with conn.transaction() if variant.local else nullcontext():
         tenant.set_tenant(conn, tenant_id, local=variant.local)
-        seen = conn.execute(q("count_invoices")).fetchone()[0]
+        seen = tenant.count_invoices(conn)
         if fails:
             try:
                 conn.execute(q("tenant_failing_work"))
@@ -110,7 +110,7 @@ def run_variant(scratch: db.Scratch, variant: Variant, jobs: int = 3) -> list[di
                     else "failed: nothing to roll back"
             rows.append(_row(variant, job, "job", job, outcome, seen, job))
             with pool.connection() as conn:  # the borrower: sets nothing
-                seen = conn.execute(q("count_invoices")).fetchone()[0]
+                seen = tenant.count_invoices(conn)
                 context = tenant.current_tenant(conn)
             rows.append(_row(variant, job, "borrower", None, "sets nothing", seen, context))
     return rows
@@ -152,7 +152,7 @@ def seen_after_job(df: pd.DataFrame) -> dict[str, list[int]]:
 def script(df: pd.DataFrame, variant: str) -> pd.DataFrame:
     """Return the interleaved script of one variant: who did what, and what it saw."""
     d = df[df.variant == variant]
-    lines = []
+    lines: list[dict[str, Any]] = []
     for r in d.itertuples():
         if r.actor == "job":
             who = f"job {r.job} (tenant {r.tenant})"

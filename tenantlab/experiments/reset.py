@@ -21,7 +21,6 @@ import pandas as pd
 import psycopg
 
 from .. import db, tenant
-from ..queries import q
 
 CLAIM = ("DISCARD ALL in a pool reset breaks psycopg's prepared statements (fails at job 7); "
          "a reset that leaves a transaction open costs a new connection per job; setting the "
@@ -108,7 +107,7 @@ def _job(conn: psycopg.Connection, job: int, local: bool) -> None:
     tenant_id = job % 100 + 1  # cycle through the tenants: every job a different context
     with conn.transaction() if local else nullcontext():
         tenant.set_tenant(conn, tenant_id, local=local)
-        conn.execute(q("count_invoices")).fetchone()
+        tenant.count_invoices(conn)
 
 
 def run_variant(scratch: db.Scratch, variant: Variant, jobs: int, *, run: int = 1,
