@@ -78,7 +78,7 @@ limit %(limit)s;
 select n_live_tup, n_dead_tup, n_tup_del, n_tup_upd,
        vacuum_count, autovacuum_count, last_autovacuum
 from pg_stat_user_tables
-where relid = 'jobs'::regclass;
+where relid = to_regclass('jobs');
 
 -- Run by tenantlab.experiments.vacuum (as admin, autocommit): its INFO lines are parsed.
 -- name: vacuum_verbose_jobs

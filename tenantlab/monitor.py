@@ -178,7 +178,7 @@ class Holder:
             return
         try:
             self.conn.rollback()
-        except psycopg.OperationalError:
+        except (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout):
             # The server ended the session (idle_in_transaction_session_timeout): already gone.
             self.ended_by_timeout = True
         finally:
