@@ -21,6 +21,7 @@ FINDINGS: dict[str, str] = {
     "reset": "reset",
     "poison": "poison",
     "crash": "crash",
+    "overrun": "overrun",
     "vacuum": "vacuum",
     "horizon": "horizon",
     "rls-jobs": "rls_jobs",
