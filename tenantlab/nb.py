@@ -55,7 +55,12 @@ def _offline_charts() -> None:
     try:
         alt.JupyterChart.enable_offline()
     except Exception:  # pragma: no cover - vl-convert missing: charts still work online
-        pass
+        return
+    # A plain chart shown in a cell would otherwise use Altair's html renderer, which loads vega
+    # from cdn.jsdelivr.net (JupyterLab 4 has no vega-lite 6 renderer of its own): show it as an
+    # offline JupyterChart too. Only in a notebook: elsewhere nothing is displayed.
+    if in_notebook():
+        alt.renderers.enable("jupyter", offline=True)
 
 
 def in_notebook() -> bool:
