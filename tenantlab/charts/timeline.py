@@ -75,7 +75,9 @@ def chart(df: pd.DataFrame, title: str = "workers over time") -> alt.LayerChart:
         height=14, opacity=0.55).encode(
         x=alt.X("start:Q", title="seconds"), x2="end:Q", y=y, color=color,
         tooltip=["worker:N", "label:N"])
-    points = df[df["event"].isin(MARKS)].rename(columns={"event": "kind"}) if len(df) else \
+    # Claim events carry the job's kind too: drop it, "kind" here is the mark's colour key.
+    points = df[df["event"].isin(MARKS)].drop(columns=["kind"], errors="ignore").rename(
+        columns={"event": "kind"}) if len(df) else \
         pd.DataFrame(columns=["t", "worker", "kind", "label"])
     marks = alt.Chart(points).mark_point(size=90, filled=True).encode(
         x="t:Q", y=y, color=color,
