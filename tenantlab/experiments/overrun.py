@@ -19,6 +19,7 @@ Variants (the article's setup: lease 2 s, job 3 s, polling every 100 ms, heartbe
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -47,6 +48,7 @@ ARTICLE: dict[str, Any] = {
 EXPECTED_STUCK = {"executions": 1, "completions": 1}
 
 WORKERS = ("worker-a", "worker-b")
+SEGMENT_COLUMNS = ["kind", "worker", "attempt", "start", "end", "outcome", "label"]
 VERDICTS = {(1, 1): "one execution", (2, 2): "ran twice",
             (2, 1): "fenced: one write, two executions"}
 
@@ -113,6 +115,7 @@ class Result(NamedTuple):
     table: pd.DataFrame  # one row per variant
     summary: dict[str, Any]
     events: pd.DataFrame  # every worker event, with a ``variant`` column
+    segments: pd.DataFrame  # the Gantt rows of each variant (see ``segments``), ``variant`` column
 
 
 def variant(name: str | Variant) -> Variant:
@@ -205,8 +208,79 @@ def _limit(s: Settings) -> float:
     return 2 * s.job + s.hang + s.lease + s.max_runtime + 30.0
 
 
-def run_variant(run: WorkersRun, v: Variant, s: Settings) -> dict[str, Any]:
-    """Start two workers, queue one job once both poll, wait until it is settled; return facts."""
+def segments(ev: list[dict[str, Any]], *, t0: float, now: float) -> pd.DataFrame:
+    """Return the Gantt rows of one run: lease windows, executions, overlaps and marks.
+
+    One row per thing drawn: ``kind`` (lease, execution, overlap, or a mark: claim, heartbeat,
+    stuck, abandon, expired, lease-lost, outside, finish, fenced), ``worker``, ``attempt``,
+    ``start`` and ``end`` in seconds since ``t0`` (the job was queued), ``outcome`` of an
+    execution (done, fenced, running) and a ``label``. A running execution ends at ``now``.
+    """
+    lease = {e["worker"]: e.get("lease") for e in ev if e["event"] == "worker-start"}
+    rows: list[dict[str, Any]] = []
+    execs: dict[tuple[str, int], dict[str, Any]] = {}
+    until: dict[tuple[str, int], float] = {}
+    claimed: dict[tuple[str, int], float] = {}
+
+    def mark(e: dict[str, Any], kind: str, label: str, t: float | None = None) -> None:
+        at = (e["t"] if t is None else t) - t0
+        rows.append({"kind": kind, "worker": e["worker"], "attempt": e.get("attempt"),
+                     "start": at, "end": at, "outcome": None, "label": label})
+
+    for e in ev:
+        key = (e["worker"], e.get("attempt"))
+        kind = e["event"]
+        if kind == "claim":
+            claimed[key] = e["t"]
+            mark(e, "claim", f"claims attempt {e['attempt']}")
+        elif kind == "execute":
+            execs[key] = {"start": e["t"], "end": None, "outcome": "running"}
+        elif kind == "heartbeat":
+            until[key] = max(until.get(key, 0.0), e["until"])
+            mark(e, "heartbeat", f"heartbeat: lease until +{e['until'] - t0:.1f} s")
+        elif kind in ("finish", "fenced") and key in execs:
+            execs[key].update(end=e["t"], outcome="done" if kind == "finish" else "fenced")
+            mark(e, kind, "finished: its write committed" if kind == "finish"
+                 else "fenced: its finish hit no row, rolled back")
+        elif kind == "outside":
+            mark(e, "outside", "called the outside world (cannot be rolled back)")
+        elif kind == "stuck":
+            mark(e, "stuck", f"stuck: the call hangs {e['seconds']:g} s")
+        elif kind == "abandon":
+            mark(e, "abandon", f"maximum runtime ({e['max_runtime']:g} s): heartbeat stops")
+        elif kind == "lease-lost":
+            mark(e, "lease-lost", "heartbeat: lease lost to another attempt")
+    spans = []
+    for (worker, attempt), x in execs.items():
+        end = x["end"] if x["end"] is not None else now
+        spans.append((worker, attempt, x["start"], end))
+        rows.append({"kind": "execution", "worker": worker, "attempt": attempt,
+                     "start": x["start"] - t0, "end": end - t0, "outcome": x["outcome"],
+                     "label": f"attempt {attempt}: {x['outcome']}"})
+        start, length = claimed.get((worker, attempt), x["start"]), lease.get(worker) or 0.0
+        expires = max(start + length, until.get((worker, attempt), 0.0))
+        held = min(expires, end) if x["outcome"] == "done" else expires  # done releases it
+        rows.append({"kind": "lease", "worker": worker, "attempt": attempt, "start": start - t0,
+                     "end": held - t0, "outcome": None, "label": f"lease of attempt {attempt}"})
+        if expires < end:
+            mark({"worker": worker, "attempt": attempt, "t": expires}, "expired",
+                 f"lease of attempt {attempt} expired while it ran")
+    for i, (w1, a1, s1, e1) in enumerate(spans):
+        for w2, a2, s2, e2 in spans[i + 1:]:
+            lo, hi = max(s1, s2), min(e1, e2)
+            if hi > lo:
+                for w, a in ((w1, a1), (w2, a2)):
+                    rows.append({"kind": "overlap", "worker": w, "attempt": a, "start": lo - t0,
+                                 "end": hi - t0, "outcome": None,
+                                 "label": f"two executions at once for {hi - lo:.1f} s"})
+    return pd.DataFrame(rows, columns=SEGMENT_COLUMNS)
+
+
+def run_variant(run: WorkersRun, v: Variant, s: Settings, live: Any = None) -> dict[str, Any]:
+    """Start two workers, queue one job once both poll, wait until it is settled; return facts.
+
+    ``live.update(segments)`` is called every 0.2 s while the job runs, and once at the end.
+    """
     options = v.worker_options(s)
     outside_file = run.path.with_name("outside.jsonl")
     run.fleet.env[outside.FILE_ENV] = str(outside_file)
@@ -221,10 +295,17 @@ def run_variant(run: WorkersRun, v: Variant, s: Settings) -> dict[str, Any]:
         return idle >= set(WORKERS)
 
     run.until(polling, timeout=30)
+    t0 = time.time()
+
+    def draw() -> None:
+        if live is not None:
+            live.update(segments(event_log.read(run.path), t0=t0, now=time.time()))
+
     with run.scratch.connect("worker", "overrun enqueue", autocommit=True) as conn:
         (job,) = queue.enqueue(conn, "outside", tenant=1, seconds=s.job)
 
         def settled() -> bool:
+            draw()
             claimed = {e["worker"] for e in event_log.read(run.path) if e["event"] == "claim"}
             running = [n for n in claimed if procs[n].poll() is None]
             if all(p.poll() is not None for p in procs.values()):
@@ -233,7 +314,9 @@ def run_variant(run: WorkersRun, v: Variant, s: Settings) -> dict[str, Any]:
             return status in ("done", "dead") and not running
 
         run.until(settled, timeout=_limit(s))
-    return _facts(run, job, outside_file)
+    draw()
+    final = segments(event_log.read(run.path), t0=t0, now=time.time())
+    return {**_facts(run, job, outside_file), "segments": final}
 
 
 def run(*, full: bool = False, progress: Any = None, live: Any = None,
@@ -242,18 +325,21 @@ def run(*, full: bool = False, progress: Any = None, live: Any = None,
     """Run each variant with two real worker processes; return one row per variant.
 
     ``settings``: lease, job, poll, heartbeat, max_runtime, hang (seconds; defaults are the
-    article's setup). ``live``: redrawn with each variant's events while it runs.
+    article's setup). ``live``: ``live.update(segments)`` redraws a chart while a variant runs
+    (``tenantlab.charts.overrun.chart`` draws them).
     ``full`` changes nothing: the article's experiment is already this size.
     """
     s = Settings(**settings)
     chosen = [variant(v) for v in variants]
     for v in chosen:
         v.worker_options(s)  # refuse bad settings before any process starts
-    rows, frames = [], []
+    rows, frames, gantt = [], [], []
     for v in chosen:
-        with workers_run(f"overrun {v.name}", live) as r:
-            facts = run_variant(r, v, s)
+        # The live chart is drawn here, from the Gantt rows, not from the generic timeline.
+        with workers_run(f"overrun {v.name}") as r:
+            facts = run_variant(r, v, s, live)
             ev = r.events()
+        gantt.append(facts.pop("segments").assign(variant=v.name))
         verdict = verdict_of(facts["executions"], facts["completions"])
         expected, why = expect(v, s)
         rows.append({"variant": v.name, "label": v.label, **facts, "verdict": verdict,
@@ -270,7 +356,8 @@ def run(*, full: bool = False, progress: Any = None, live: Any = None,
         "settings": asdict(s),
     }
     events = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    return Result(table, summary, events)
+    segs = pd.concat(gantt, ignore_index=True) if gantt else pd.DataFrame(columns=SEGMENT_COLUMNS)
+    return Result(table, summary, events, segs)
 
 
 def expected_counts(name: str) -> dict[str, int] | None:
