@@ -126,6 +126,15 @@ class Progress:
         if self.bar is not None:
             self.bar.value = min(self.done, self.total)
 
+    def set(self, done: int, total: int | None = None) -> None:
+        """Set the progress to done (of total, when it changed)."""
+        self.done = done
+        if total is not None:
+            self.total = total
+        if self.bar is not None:
+            self.bar.max = max(self.total, 1)
+            self.bar.value = min(done, self.total)
+
     def close(self, ok: bool = True) -> None:
         if self.bar is not None:
             self.bar.bar_style = "success" if ok else "danger"

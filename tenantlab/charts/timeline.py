@@ -63,15 +63,34 @@ def spans(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+LIMIT = 1500  # marks per chart: a poison job failing thousands of times would swamp the browser
+
+
+def thin(df: pd.DataFrame, limit: int = LIMIT) -> pd.DataFrame:
+    """Keep every rare event, and an even sample of the frequent ones, up to about `limit` rows."""
+    if len(df) <= limit:
+        return df
+    frequent = df["event"].isin(["claim", "fail", "execute", "finish", "idle"])
+    rare = df[~frequent]
+    keep = max(limit - len(rare), 100)
+    step = -(-int(frequent.sum()) // keep)  # ceiling division
+    return pd.concat([rare, df[frequent].iloc[::step]]).sort_values("t", kind="stable")
+
+
 def chart(df: pd.DataFrame, title: str = "workers over time") -> alt.LayerChart:
-    """Return the timeline of an events table made by ``frame``."""
+    """Return the timeline of an events table made by ``frame`` (thinned past LIMIT events)."""
+    if len(df) > LIMIT:
+        title = f"{title} (every {-(-len(df) // LIMIT)}th frequent event shown)"
     df = df if len(df) else pd.DataFrame(columns=_EVENT_COLS)
+    runs = spans(df)  # from every event: thinning must not split an execution from its end
+    runs = runs.iloc[::-(-len(runs) // LIMIT)] if len(runs) > LIMIT else runs
+    df = thin(df)
     order = list(dict.fromkeys(df["worker"])) if len(df) else []
     y = alt.Y("worker:N", sort=order, title=None)
     domain = list(COLORS)
     color = alt.Color("kind:N", title=None, scale=alt.Scale(domain=domain,
                                                             range=[COLORS[k] for k in domain]))
-    bars = alt.Chart(spans(df).rename(columns={"outcome": "kind"})).mark_bar(
+    bars = alt.Chart(runs.rename(columns={"outcome": "kind"})).mark_bar(
         height=14, opacity=0.55).encode(
         x=alt.X("start:Q", title="seconds"), x2="end:Q", y=y, color=color,
         tooltip=["worker:N", "label:N"])

@@ -1,0 +1,53 @@
+"""Charts of notebook 09: both designs' outcomes side by side, and a run with a live timeline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from .. import nb
+from ..experiments import together
+from . import timeline
+
+BAD = ["lost", "executed_twice", "wrong_tenant_rows", "worker_crashes"]
+
+
+def outcomes(results: dict[str, together.Result]) -> alt.Chart:
+    """Return bars per design: done, dead, and the things that must be zero (in red)."""
+    rows = [{"design": d, "what": k.replace("_", " "), "jobs": r.summary[k],
+             "bad": k in BAD and r.summary[k] > 0}
+            for d, r in results.items()
+            for k in ("done", "dead", *BAD)]
+    return alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
+        y=alt.Y("what:N", sort=None, title=None), x=alt.X("jobs:Q", title="count"),
+        color=alt.condition(alt.datum.bad, alt.value("#d62728"), alt.value("#4c78a8")),
+        row=alt.Row("design:N", title=None, sort=list(together.DESIGNS)),
+        tooltip=["design", "what", "jobs"],
+    ).properties(width=420, height=130, title="what became of the queue")
+
+
+def fetch_latency(results: dict[str, together.Result]) -> alt.Chart:
+    """Return the probe's fetch time over the run, per design."""
+    rows = [{"design": d, "sample": i, "fetch ms": ms}
+            for d, r in results.items() for i, ms in enumerate(r.fetch_ms)]
+    return alt.Chart(pd.DataFrame(rows)).mark_line().encode(
+        x=alt.X("sample:Q", title="probe (every ~0.25 s)"), y="fetch ms:Q",
+        color=alt.Color("design:N", scale=alt.Scale(domain=list(together.DESIGNS),
+                                                    range=["#d62728", "#2ca02c"])),
+    ).properties(width=420, height=160, title="fetch time at the head of the queue")
+
+
+def run_live(design: str, mix: together.Mix | None = None) -> together.Result:
+    """Run one design with a live timeline and a progress bar (in a notebook)."""
+    live = timeline.live(f"{design}: workers over time")
+    nb.show(live)
+    with nb.progress(1, f"{design}") as bar:
+        def step(settled: int, total: int) -> None:
+            bar.set(settled, total)
+        return together.run(design, mix=mix, live=live, progress=step)
+
+
+def show(results: dict[str, Any]) -> alt.HConcatChart:
+    return alt.hconcat(outcomes(results), fetch_latency(results))
