@@ -143,3 +143,12 @@ select 1/0;
 -- Run by the experiments as admin between variants: an empty queue, ids from 1 again.
 -- name: reset_queue
 truncate jobs, job_runs restart identity;
+
+-- Run by tenantlab.bench: the server settings that decide what a commit costs.
+-- name: bench_setting
+select current_setting(%(name)s);
+
+-- Run by Leased.claim before the claim, in the claim's transaction: commit without waiting
+-- for the WAL flush; the work's (synchronous) commit flushes the claim too.
+-- name: claim_commit_async
+select set_config('synchronous_commit', 'off', true);
