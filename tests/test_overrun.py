@@ -1,0 +1,165 @@
+"""Finding overrun with real worker processes: executions and completions per variant.
+
+Durations sit far from every boundary (the machine is small and shared): the job runs 4 s
+against a 2 s lease, the heartbeat beats every 0.4 s, the stuck attempt hangs 6 s past a 5 s
+maximum runtime. What is asserted is behaviour: lines the outside world received, job_runs rows,
+claims, fences; never how long anything took.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tenantlab.charts import overrun as charts
+from tenantlab.experiments import overrun
+
+try:
+    from tests.notebooks import NOTEBOOKS, errors, run_notebook
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from notebooks import NOTEBOOKS, errors, run_notebook  # type: ignore[no-redef]
+
+MARGINS = {"lease": 2.0, "job": 4.0, "poll": 0.1, "heartbeat": 0.4, "max_runtime": 5.0,
+           "hang": 6.0}
+EXPECTED = {  # variant: (executions, completions)
+    "lease_only": (2, 2), "fence": (2, 1), "heartbeat": (1, 1), "stuck": (1, 1),
+    "max_runtime": (2, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def result(admin_dsn: str) -> overrun.Result:
+    return overrun.run(**MARGINS)
+
+
+def _row(result: overrun.Result, variant: str) -> pd.Series:
+    return result.table.set_index("variant").loc[variant]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(EXPECTED))
+def test_executions_and_completions(result: overrun.Result, variant: str) -> None:
+    row = _row(result, variant)
+    assert (row.executions, row.completions) == EXPECTED[variant]
+    assert row.status == "done"
+    assert row.verdict == overrun.verdict_of(*EXPECTED[variant])
+    assert row.as_expected  # the prediction for these settings agrees
+
+
+@pytest.mark.slow
+def test_lease_only_both_executions_wrote(result: overrun.Result) -> None:
+    row = _row(result, "lease_only")
+    assert row.db_runs == 2 and row.completions == 2 and row.fenced == 0
+    assert row.taken_over and row.overlap_s > 0 and row.attempts == 2
+
+
+@pytest.mark.slow
+def test_fence_rolls_back_the_late_write_but_not_the_world(result: overrun.Result) -> None:
+    row = _row(result, "fence")
+    assert row.fenced == 1
+    assert row.db_runs == 1  # the fenced execution's job_runs row rolled back with it
+    assert len(row.outside) == 2  # the outside world saw both
+    assert sorted(a.split()[-1] for a in row.outside) == ["1", "2"]
+
+
+@pytest.mark.slow
+def test_heartbeat_keeps_the_job_with_its_worker(result: overrun.Result) -> None:
+    row = _row(result, "heartbeat")
+    assert row.beats > 0 and not row.taken_over and row.claims == 1 and row.attempts == 1
+    assert row.abandoned == 0 and row.lease_lost == 0
+
+
+@pytest.mark.slow
+def test_stuck_worker_keeps_beating_and_is_never_taken_over(result: overrun.Result) -> None:
+    row = _row(result, "stuck")
+    assert row.beats > 0 and not row.taken_over and row.claims == 1 and row.abandoned == 0
+
+
+@pytest.mark.slow
+def test_max_runtime_abandons_then_takeover_and_fence(result: overrun.Result) -> None:
+    row = _row(result, "max_runtime")
+    assert row.abandoned == 1 and row.taken_over and row.claims == 2
+    assert row.fenced == 1 and row.db_runs == 1 and row.attempts == 2
+    ev = result.events[result.events.variant == "max_runtime"]
+    first = ev[(ev.event == "claim") & (ev.attempt == 1)].worker.iloc[0]
+    mine = ev[ev.worker == first]
+    # The stuck worker: beats, then abandons, then (much later) its finish is fenced.
+    order = list(mine.event)
+    assert order.index("abandon") < order.index("fenced")
+    assert "heartbeat" not in order[order.index("abandon"):]
+    assert overrun.check(result.table) == {v: True for v in EXPECTED}
+
+
+@pytest.mark.slow
+def test_segments_show_overlap_and_lease_expiry(result: overrun.Result) -> None:
+    seg = result.segments[result.segments.variant == "fence"]
+    assert set(seg.worker) == set(overrun.WORKERS)
+    assert (seg.kind == "overlap").sum() == 2  # one bar on each worker's row
+    assert (seg.kind == "expired").any()
+    assert sorted(seg[seg.kind == "execution"].outcome) == ["done", "fenced"]
+    assert charts.chart(seg).to_dict()["layer"]  # draws without a browser
+    beats = result.segments[(result.segments.variant == "heartbeat")
+                            & (result.segments.kind == "heartbeat")]
+    assert len(beats) == _row(result, "heartbeat").beats
+
+
+def test_expectations_follow_the_settings() -> None:
+    s = overrun.Settings()
+    v = overrun.BY_NAME
+    assert overrun.expect(v["lease_only"], s)[0] == "ran twice"
+    assert overrun.expect(v["fence"], s)[0] == "fenced: one write, two executions"
+    assert overrun.expect(v["heartbeat"], s)[0] == "one execution"
+    assert overrun.expect(v["stuck"], s)[0] == "one execution"
+    assert overrun.expect(v["max_runtime"], s)[0] == "fenced: one write, two executions"
+    assert overrun.expect(v["lease_only"], overrun.Settings(job=1.0))[0] == "one execution"
+    assert overrun.expect(v["lease_only"], overrun.Settings(job=2.05))[0] is None
+    table = charts.expectations()
+    assert "refused" in set(table.expected) and "too close to call" in set(table.expected)
+
+
+def test_bad_variant_and_settings_are_refused() -> None:
+    with pytest.raises(overrun.OverrunError, match="valid: lease_only, fence"):
+        overrun.run(variants=["nope"])
+    with pytest.raises(overrun.OverrunError, match="lease must be a positive"):
+        overrun.Settings(lease=0)
+
+
+def test_explorer_refuses_a_heartbeat_as_long_as_the_lease() -> None:
+    ex = charts.Explorer()
+    ex.lease.value, ex.heartbeat.value = 2.0, 2.0
+    assert "refused" in ex.note.value and "shorter than the lease" in ex.note.value
+    assert ex.button.disabled
+    assert ex.run() is None and ex.live.updates == 0
+
+
+@pytest.mark.slow
+def test_explorer_run_button_runs_and_redraws(admin_dsn: str) -> None:
+    ex = charts.Explorer()
+    # A job well inside its lease, fenced, no heartbeat: one execution, quickly.
+    ex.use_heartbeat.value = False
+    ex.lease.value, ex.job.value, ex.poll.value = 3.0, 1.0, 0.1
+    assert "expected: one execution" in ex.note.value
+    result = ex.run()
+    assert result is not None
+    row = result.table.iloc[0]
+    assert (row.executions, row.completions) == (1, 1)
+    assert ex.live.updates > 0
+    kinds = set(ex.live.data["kind"])
+    assert {"execution", "lease", "claim", "finish", "outside"} <= kinds
+    assert ex.live.chart.to_dict()["layer"]
+    assert "one execution" in ex.note.value and not ex.button.disabled
+
+
+@pytest.mark.notebook
+def test_notebook_05_runs_top_to_bottom(admin_dsn: str) -> None:
+    nb = run_notebook(NOTEBOOKS / "05-lease-overrun.ipynb", env={"DATABASE_URL": admin_dsn})
+    assert errors(nb) == []
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs if o.get("output_type") == "stream")
+    assert text.count("✓ as the article says") == 5
+    assert "✗" not in text
+    assert "refused: heartbeat interval (2 s) must be shorter than the lease (2 s)" in text
