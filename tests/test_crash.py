@@ -1,0 +1,45 @@
+"""Finding crash: worker processes that really os._exit mid-job, the reaper, notebook 04."""
+
+from __future__ import annotations
+
+import pytest
+
+from notebooks import NOTEBOOKS, errors, run_notebook
+from tenantlab import db
+from tenantlab.experiments import crash
+
+pytestmark = pytest.mark.slow
+
+
+def test_crash_reproduces_with_real_processes(admin_dsn: str) -> None:
+    res = crash.run(single_workers=3)
+    single, leased = res.summary["single"], res.summary["leased"]
+    assert (single["crashes"], single["status"], single["attempts"], single["next_job_ran"]) \
+        == (3, "queued", 0, False)
+    assert (leased["crashes"], leased["attempts"], leased["status_before_reap"]) \
+        == (3, 3, "running")
+    assert leased["lease_expired"] and leased["next_job_ran"]
+    assert not leased["visible_right_after_crash"]
+    assert leased["status_after_reap"] == "dead"
+    assert (res.events.event == "crash").sum() == 6
+    assert (res.events.event == "reap").sum() == 1
+    # Every worker process ended, and none left a session behind.
+    assert not [b for b in db.leftover_backends(admin_dsn)
+                if b["application_name"].startswith(("tenantlab single-", "tenantlab leased-"))]
+
+
+def test_a_restart_within_the_lease_finds_the_job_invisible(admin_dsn: str) -> None:
+    leased = crash.run(designs=("leased",), lease=3.0, restart_after=0.0).summary["leased"]
+    # The next worker skipped the crashed job (lease still valid) and ran the one behind it.
+    assert (leased["crashes"], leased["attempts"], leased["next_job_ran"]) == (1, 1, True)
+    assert leased["status_before_reap"] == "running" and not leased["lease_expired"]
+    assert leased["status_after_reap"] == "running"  # the reaper leaves a live lease alone
+
+
+@pytest.mark.notebook
+def test_notebook_04_runs_top_to_bottom(admin_dsn: str) -> None:
+    nb = run_notebook(NOTEBOOKS / "04-worker-crash.ipynb", env={"DATABASE_URL": admin_dsn})
+    assert errors(nb) == []
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs if o.get("output_type") == "stream")
+    assert "✓ as the article says" in text and "✗" not in text

@@ -1,0 +1,51 @@
+"""Finding poison: the experiment with real worker processes, and notebook 03."""
+
+from __future__ import annotations
+
+import pytest
+
+from notebooks import NOTEBOOKS, errors, run_notebook
+from tenantlab.experiments import poison
+
+pytestmark = pytest.mark.slow
+
+
+def test_poison_reproduces_with_real_workers(admin_dsn: str) -> None:
+    res = poison.run(fetches=10, max_attempts=3)
+    s = res.summary
+    assert (s["unhandled"]["picked"], s["unhandled"]["attempts"],
+            s["unhandled"]["job_runs"], s["unhandled"]["next_job_ran"]) == (10, 0, 0, False)
+    assert (s["handled"]["status"], s["handled"]["attempts"], s["handled"]["next_job_ran"]) \
+        == ("dead", 3, True)
+    assert (s["leased"]["status"], s["leased"]["attempts"], s["leased"]["next_job_ran"]) \
+        == ("dead", 3, True)
+    assert poison.check(s) == {"unhandled": True, "handled": True, "leased": True}
+    # Every claim the worker made is on the timeline; the unhandled ones left no row behind.
+    claims = res.events[(res.events.worker == "unhandled") & (res.events.event == "claim")]
+    assert len(claims) == 10
+
+
+def test_poison_max_attempts_is_a_knob(admin_dsn: str) -> None:
+    s = poison.run(fetches=6, max_attempts=2, variants=("handled",), backoff=False).summary
+    assert (s["handled"]["status"], s["handled"]["attempts"], s["handled"]["picked"]) \
+        == ("dead", 2, 2)
+
+
+def test_reproduce_poison_keys(admin_dsn: str) -> None:
+    out = poison.reproduce()
+    assert out["reproduced"] is True
+    assert set(out["measured"]["unhandled"]) >= {"picked", "attempts", "job_runs", "next_job_ran"}
+    assert set(out["measured"]["handled"]) >= {"status", "attempts", "next_job_ran"}
+
+
+@pytest.mark.notebook
+def test_notebook_03_runs_top_to_bottom(admin_dsn: str) -> None:
+    nb = run_notebook(NOTEBOOKS / "03-poison-pill.ipynb", env={"DATABASE_URL": admin_dsn})
+    assert errors(nb) == []
+    text = _stdout(nb)
+    assert "✓ as the article says" in text and "✗" not in text
+
+
+def _stdout(nb) -> str:
+    return "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs if o.get("output_type") == "stream")

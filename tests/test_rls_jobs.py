@@ -1,0 +1,30 @@
+"""Finding rls-jobs: the tenant policy on jobs empties the queue silently; notebook 08."""
+
+from __future__ import annotations
+
+import pytest
+
+from notebooks import NOTEBOOKS, errors, run_notebook
+from tenantlab.experiments import rls_jobs
+
+pytestmark = pytest.mark.slow
+
+
+def test_policy_on_jobs_hides_every_job_without_an_error(admin_dsn: str) -> None:
+    s = rls_jobs.run(jobs=100).summary
+    assert (s["visible_without_tenant"], s["total_jobs"], s["claimed"], s["error"]) \
+        == (0, 100, 0, None)
+    assert s["claimed_by_worker_process"] == 0
+    assert s["visible_as_tenant_7"] == 1
+    assert (s["visible_after_fix"], s["done_after_fix"], s["counted_right_after_fix"]) \
+        == (100, 100, 100)
+
+
+@pytest.mark.notebook
+def test_notebook_08_runs_top_to_bottom(admin_dsn: str) -> None:
+    nb = run_notebook(NOTEBOOKS / "08-rls-on-the-jobs-table.ipynb",
+                      env={"DATABASE_URL": admin_dsn})
+    assert errors(nb) == []
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs if o.get("output_type") == "stream")
+    assert "✓ as the article says" in text and "✗" not in text
