@@ -15,12 +15,13 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import db, queue
 from .queries import q
 
-DESIGNS = {
+DESIGNS: dict[str, Callable[[], queue.Design]] = {
     "single": lambda: queue.SingleTransaction(handle_errors=True),
     "leased": lambda: queue.Leased(lease=30.0, backoff=1.0),
     "leased_durable_claim": lambda: queue.Leased(lease=30.0, backoff=1.0, durable_claim=True),

@@ -257,7 +257,8 @@ def fleet(dsn: str) -> Iterator[Fleet]:
 
 
 def _number(kind: type, what: str, *, zero: bool = False, unit: str = "") -> Any:
-    valid = f"{what} must be {'0 or ' if zero else ''}a positive {"whole " if kind is int else ""}number{unit}"
+    whole = "whole " if kind is int else ""
+    valid = f"{what} must be {'0 or ' if zero else ''}a positive {whole}number{unit}"
 
     def parse(text: str) -> Any:
         try:
