@@ -51,7 +51,7 @@ def _color() -> alt.Color:
                      legend=alt.Legend(orient="bottom", columns=4))
 
 
-def chart(segments: pd.DataFrame, title: str = "two workers, one job") -> alt.LayerChart:
+def chart(segments: pd.DataFrame, title: str = "two workers, one job") -> alt.TopLevelMixin:
     """Return the Gantt chart of one run's segments (``overrun.segments``)."""
     df = segments if len(segments) else pd.DataFrame(columns=overrun.SEGMENT_COLUMNS)
     df = df.assign(what=[_what(k, o) for k, o in zip(df["kind"], df["outcome"], strict=True)])
@@ -144,7 +144,7 @@ def show(name: str, **settings: float) -> pd.DataFrame:
     box, note = _panel(chart_)
     note.value = _note(f"expected: {expected or 'too close to call'}", why)
     nb.show(box)
-    res = overrun.run(variants=(v,), live=chart_, **settings)
+    res = overrun.run(variants=(v,), live=chart_, settings=s)
     row = next(res.table.itertuples(index=False))
     ok, line = judge(row, article=s == overrun.Settings())
     note.value = _note(line, measured_line(row), ok=ok)
@@ -290,7 +290,8 @@ class Explorer:
         self.button.disabled = True
         self.live.make = lambda df: chart(df, v.label)
         try:
-            self.result = overrun.run(variants=(v,), live=self.live, **self.settings())
+            self.result = overrun.run(variants=(v,), live=self.live,
+                                      settings=overrun.Settings(**self.settings()))
         finally:
             self.button.disabled = False
         row = next(self.result.table.itertuples(index=False))

@@ -218,9 +218,9 @@ def segments(ev: list[dict[str, Any]], *, t0: float, now: float) -> pd.DataFrame
     """
     lease = {e["worker"]: e.get("lease") for e in ev if e["event"] == "worker-start"}
     rows: list[dict[str, Any]] = []
-    execs: dict[tuple[str, int], dict[str, Any]] = {}
-    until: dict[tuple[str, int], float] = {}
-    claimed: dict[tuple[str, int], float] = {}
+    execs: dict[tuple[str, Any], dict[str, Any]] = {}
+    until: dict[tuple[str, Any], float] = {}
+    claimed: dict[tuple[str, Any], float] = {}
 
     def mark(e: dict[str, Any], kind: str, label: str, t: float | None = None) -> None:
         at = (e["t"] if t is None else t) - t0
@@ -321,15 +321,15 @@ def run_variant(run: WorkersRun, v: Variant, s: Settings, live: Any = None) -> d
 
 def run(*, full: bool = False, progress: Any = None, live: Any = None,
         variants: tuple[str | Variant, ...] | list[str | Variant] = VARIANTS,
-        **settings: float) -> Result:
+        settings: Settings | None = None, **knobs: float) -> Result:
     """Run each variant with two real worker processes; return one row per variant.
 
-    ``settings``: lease, job, poll, heartbeat, max_runtime, hang (seconds; defaults are the
-    article's setup). ``live``: ``live.update(segments)`` redraws a chart while a variant runs
-    (``tenantlab.charts.overrun.chart`` draws them).
+    ``knobs``: lease, job, poll, heartbeat, max_runtime, hang (seconds; defaults are the
+    article's setup), or all of them at once as ``settings``. ``live``: ``live.update(segments)``
+    redraws a chart while a variant runs (``tenantlab.charts.overrun.chart`` draws them).
     ``full`` changes nothing: the article's experiment is already this size.
     """
-    s = Settings(**settings)
+    s = settings if settings is not None else Settings(**knobs)
     chosen = [variant(v) for v in variants]
     for v in chosen:
         v.worker_options(s)  # refuse bad settings before any process starts
