@@ -211,8 +211,10 @@ def run_variant(s: db.Scratch, variant: Variant, long_seconds: float, n_short: i
         # Interrupted or not: the long job ends (and its connection rolls back) before we go on.
         long.stop.set()
         long.join(30)
-    held_by = "xid" if not mine.empty and mine.iloc[0]["backend_xid"] else (
-        "snapshot" if not mine.empty and mine.iloc[0]["backend_xmin"] else "nothing")
+    held_by = "nothing"
+    if not mine.empty:  # missing values come back as NaN, which is true: test with notna
+        xid, xmin = mine.iloc[0]["backend_xid"], mine.iloc[0]["backend_xmin"]
+        held_by = "xid" if pd.notna(xid) else "snapshot" if pd.notna(xmin) else "nothing"
     row = {
         "variant": variant.name, "label": variant.label, "expected_holds_back": variant.holds_back,
         "holds_back": result["dead_not_removable"] > 0, "long_job_holds": held_by,
