@@ -90,12 +90,14 @@ def chart(df: pd.DataFrame, title: str = "workers over time") -> alt.LayerChart:
     domain = list(COLORS)
     color = alt.Color("kind:N", title=None, scale=alt.Scale(domain=domain,
                                                             range=[COLORS[k] for k in domain]))
-    bars = alt.Chart(runs.rename(columns={"outcome": "kind"})).mark_bar(
+    bars = alt.Chart(runs[["worker", "start", "end", "outcome", "label"]].rename(
+        columns={"outcome": "kind"})).mark_bar(
         height=14, opacity=0.55).encode(
         x=alt.X("start:Q", title="seconds"), x2="end:Q", y=y, color=color,
         tooltip=["worker:N", "label:N"])
-    # Claim events carry the job's kind too: drop it, "kind" here is the mark's colour key.
-    points = df[df["event"].isin(MARKS)].drop(columns=["kind"], errors="ignore").rename(
+    # Only the columns drawn: other event fields (errors, results) hold NaN, which the widget's
+    # JSON cannot carry.
+    points = df.loc[df["event"].isin(MARKS), ["t", "worker", "event", "label"]].rename(
         columns={"event": "kind"}) if len(df) else \
         pd.DataFrame(columns=["t", "worker", "kind", "label"])
     marks = alt.Chart(points).mark_point(size=90, filled=True).encode(
