@@ -257,7 +257,13 @@ JS_CELLS = """() => {
     const outputs = m.outputs.toJSON();
     return {index: i, count: m.executionCount, source: m.sharedModel.getSource().slice(0, 80),
             errors: outputs.filter(o => o.output_type === 'error')
-                           .map(o => `${o.ename}: ${o.evalue}`)};
+                           .map(o => `${o.ename}: ${o.evalue}`),
+            // Python warnings (file:line: SomeWarning: ...) a participant would see in red.
+            warnings: [...new Set(outputs
+              .filter(o => o.output_type === 'stream' && o.name === 'stderr')
+              .flatMap(o => (Array.isArray(o.text) ? o.text.join('') : o.text).split('\\n')
+                .map((line, i, lines) => `${line} ${lines[i + 1] || ''}`.trim()))
+              .filter(line => /^\\S+:\\d+: \\w*Warning: /.test(line)))]};
   }).filter(Boolean);
 }"""
 

@@ -96,6 +96,8 @@ def run_and_check(page: object, lab: browser.Lab, offline: browser.Offline, name
     lab.notice_processes()
     errors = [f"cell {c['index']} ({c['source']!r}): {e}" for c in cells for e in c["errors"]]
     assert not errors, f"{name}: {errors}"
+    warned = [f"cell {c['index']} ({c['source']!r}): {w}" for c in cells for w in c["warnings"]]
+    assert not warned, f"{name} shows warnings: {warned}"
     unrun = [c["index"] for c in cells if c["count"] is None]
     assert not unrun, f"{name}: cells {unrun} did not run"
     assert found["manager"] or not found["charts"], "the notebook's widget manager was not found"
