@@ -36,3 +36,12 @@ def errors(nb: nbformat.NotebookNode) -> list[str]:
         for c in nb.cells if c.cell_type == "code"
         for o in c.get("outputs", []) if o.get("output_type") == "error"
     ]
+
+
+def printed(nb: nbformat.NotebookNode) -> str:
+    """Return everything the executed notebook's cells printed (stdout and stderr)."""
+    return "\n".join(
+        o.get("text", "")
+        for c in nb.cells if c.cell_type == "code"
+        for o in c.get("outputs", []) if o.get("output_type") == "stream"
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from notebooks import NOTEBOOKS, errors, run_notebook
+from notebooks import NOTEBOOKS, errors, printed, run_notebook
 from tenantlab import db
 from tenantlab.experiments import crash
 
@@ -40,6 +40,5 @@ def test_a_restart_within_the_lease_finds_the_job_invisible(admin_dsn: str) -> N
 def test_notebook_04_runs_top_to_bottom(admin_dsn: str) -> None:
     nb = run_notebook(NOTEBOOKS / "04-worker-crash.ipynb", env={"DATABASE_URL": admin_dsn})
     assert errors(nb) == []
-    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                     for o in c.outputs if o.get("output_type") == "stream")
+    text = printed(nb)
     assert "✓ as the article says" in text and "✗" not in text

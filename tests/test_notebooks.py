@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from notebooks import NOTEBOOKS, errors, run_notebook
+from notebooks import NOTEBOOKS, errors, printed, run_notebook
 
 
 def test_notebooks_are_stored_without_outputs() -> None:
@@ -23,7 +23,6 @@ def test_notebooks_are_stored_without_outputs() -> None:
 def test_start_here_runs_top_to_bottom(admin_dsn: str) -> None:
     nb = run_notebook(NOTEBOOKS / "00-start-here.ipynb", env={"DATABASE_URL": admin_dsn})
     assert errors(nb) == []
-    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                     for o in c.outputs if o.get("output_type") == "stream")
+    text = printed(nb)
     assert "✓ tenant 1 sees 20,000 invoices: 20,000" in text
     assert "✗" not in text

@@ -18,10 +18,10 @@ from tenantlab.charts import overrun as charts
 from tenantlab.experiments import overrun
 
 try:
-    from tests.notebooks import NOTEBOOKS, errors, run_notebook
+    from tests.notebooks import NOTEBOOKS, errors, printed, run_notebook
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from notebooks import NOTEBOOKS, errors, run_notebook  # type: ignore[no-redef]
+    from notebooks import NOTEBOOKS, errors, printed, run_notebook  # type: ignore[no-redef]
 
 MARGINS = {"lease": 2.0, "job": 4.0, "poll": 0.1, "heartbeat": 0.4, "max_runtime": 5.0,
            "hang": 6.0}
@@ -158,8 +158,7 @@ def test_explorer_run_button_runs_and_redraws(admin_dsn: str) -> None:
 def test_notebook_05_runs_top_to_bottom(admin_dsn: str) -> None:
     nb = run_notebook(NOTEBOOKS / "05-lease-overrun.ipynb", env={"DATABASE_URL": admin_dsn})
     assert errors(nb) == []
-    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                     for o in c.outputs if o.get("output_type") == "stream")
+    text = printed(nb)
     assert text.count("✓ as the article says") == 5
     assert "✗" not in text
     assert "refused: heartbeat interval (2 s) must be shorter than the lease (2 s)" in text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from notebooks import NOTEBOOKS, errors, run_notebook
+from notebooks import NOTEBOOKS, errors, printed, run_notebook
 from tenantlab.experiments import poison
 
 pytestmark = pytest.mark.slow
@@ -42,10 +42,6 @@ def test_reproduce_poison_keys(admin_dsn: str) -> None:
 def test_notebook_03_runs_top_to_bottom(admin_dsn: str) -> None:
     nb = run_notebook(NOTEBOOKS / "03-poison-pill.ipynb", env={"DATABASE_URL": admin_dsn})
     assert errors(nb) == []
-    text = _stdout(nb)
+    text = printed(nb)
     assert "✓ as the article says" in text and "✗" not in text
 
-
-def _stdout(nb) -> str:
-    return "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                     for o in c.outputs if o.get("output_type") == "stream")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from notebooks import NOTEBOOKS, errors, run_notebook
+from notebooks import NOTEBOOKS, errors, printed, run_notebook
 from tenantlab import db, tenant
 from tenantlab.experiments import reset
 
@@ -86,6 +86,5 @@ def test_summary_carries_the_contract(admin_dsn: str) -> None:
 def test_notebook_02_runs_top_to_bottom(admin_dsn: str) -> None:
     nb = run_notebook(NOTEBOOKS / "02-cleanup-cost.ipynb", env={"DATABASE_URL": admin_dsn})
     assert errors(nb) == []
-    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                     for o in c.outputs if o.get("output_type") == "stream")
+    text = printed(nb)
     assert "measured DISCARD ALL failed at job 7" in text

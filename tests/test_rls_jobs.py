@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from notebooks import NOTEBOOKS, errors, run_notebook
+from notebooks import NOTEBOOKS, errors, printed, run_notebook
 from tenantlab.experiments import rls_jobs
 
 pytestmark = pytest.mark.slow
@@ -25,6 +25,5 @@ def test_notebook_08_runs_top_to_bottom(admin_dsn: str) -> None:
     nb = run_notebook(NOTEBOOKS / "08-rls-on-the-jobs-table.ipynb",
                       env={"DATABASE_URL": admin_dsn})
     assert errors(nb) == []
-    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                     for o in c.outputs if o.get("output_type") == "stream")
+    text = printed(nb)
     assert "✓ as the article says" in text and "✗" not in text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from notebooks import NOTEBOOKS, errors, run_notebook
+from notebooks import NOTEBOOKS, errors, printed, run_notebook
 from tenantlab.experiments import together
 
 MIX = together.Mix(count_jobs=24, poison=1, crashes=1, overruns=1, workers=3, time_limit=12)
@@ -41,6 +41,5 @@ def test_mix_refuses_a_heartbeat_not_shorter_than_the_lease() -> None:
 def test_notebook_09_runs_top_to_bottom(admin_dsn: str) -> None:
     nb = run_notebook(NOTEBOOKS / "09-what-we-would-build.ipynb", env={"DATABASE_URL": admin_dsn})
     assert errors(nb) == []
-    out = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                    for o in c.outputs if o.get("output_type") == "stream")
+    out = printed(nb)
     assert "✓ the corrected run loses nothing: lost 0" in out
