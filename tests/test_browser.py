@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "test-output" / "browser"
 INTERACTIVE = "05-lease-overrun.ipynb"
 PRESENT = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]-*.ipynb"))
-# A notebook at workshop size runs in about a minute; this is the margin on a busy 2-core box.
-RUN_TIMEOUT = 300
+# A notebook at workshop size runs in about a minute; 07 took over four when other sessions on a
+# shared server kept disturbing its horizon runs (it retries them): the margin for a busy box.
+RUN_TIMEOUT = 420
 
 
 @pytest.fixture(scope="module")
