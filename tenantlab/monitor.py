@@ -72,7 +72,7 @@ class Sample:
 
 
 def _frame(cur: psycopg.Cursor) -> pd.DataFrame:
-    cols = [c.name for c in cur.description]
+    cols = [c.name for c in cur.description or []]
     return pd.DataFrame(cur.fetchall(), columns=cols)
 
 

@@ -122,7 +122,8 @@ def timeout_demo(timeout: float = 3.0, jobs: int = 12_000, block: int = 1_000
 
 def explain_table(measured: dict[str, Any]) -> pd.DataFrame:
     """Return the half-way EXPLAIN, here and in the article, held vs free."""
-    ex, art = measured["explain"], horizon.ARTICLE["explain"]
+    ex: dict[str, Any] = measured["explain"]
+    art: dict[str, Any] = horizon.ARTICLE["explain"]
     return pd.DataFrame({
         "buffers here": {k: ex[k]["buffers"] for k in ("held", "free")},
         "ms here": {k: ex[k]["ms"] for k in ("held", "free")},

@@ -31,7 +31,7 @@ log = logging.getLogger("tenantlab")
 CLAIM = ("While another session holds a transaction open, a queue's fetch gets slower block by "
          "block in a straight line (0.7 -> 8.3 ms over 100,000 jobs) and is back to 0.69 ms "
          "right after it ends.")
-ARTICLE = {
+ARTICLE: dict[str, Any] = {
     "jobs": 100_000, "block": 10_000, "variant_jobs": 60_000,
     "held_first_ms": 0.7, "held_last_ms": 8.3,
     "explain_at": 50_000,
@@ -58,8 +58,10 @@ def _buffers(plan: dict[str, Any]) -> int:
 def explain_fetch(conn: psycopg.Connection, design: str = "delete") -> dict[str, float]:
     """Return buffers and server ms of one fetch under EXPLAIN ANALYZE, rolled back."""
     with conn.transaction(force_rollback=True):
-        (doc,) = conn.execute(q(f"horizon_explain_fetch_{design}")).fetchone()
-    plan = doc[0]
+        row = conn.execute(q(f"horizon_explain_fetch_{design}")).fetchone()
+    if row is None:
+        raise HorizonError("EXPLAIN returned no plan")
+    plan = row[0][0]
     return {"buffers": _buffers(plan), "ms": round(float(plan["Execution Time"]), 3)}
 
 

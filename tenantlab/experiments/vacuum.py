@@ -42,8 +42,8 @@ ARTICLE = {
     "short_jobs_seconds": {"held": 6.6, "not held": [5.5, 5.6]},
 }
 
-WORKSHOP = {"long_seconds": 4.0, "short_jobs": 2000}
-FULL = {"long_seconds": 20.0, "short_jobs": 5000}
+WORKSHOP: dict[str, Any] = {"long_seconds": 4.0, "short_jobs": 2000}
+FULL: dict[str, Any] = {"long_seconds": 20.0, "short_jobs": 5000}
 _TUPLES = re.compile(r"tuples: (\d+) removed, (\d+) remain, (\d+) are dead but not yet removable")
 _CUTOFF = re.compile(r"removable cutoff: (\d+), which was (\d+) XIDs old")
 
@@ -233,7 +233,7 @@ def run(*, full: bool = False, long_seconds: float | None = None, short: int | N
     """Run the variants (all by default) in one scratch database; return rows and a summary."""
     size = FULL if full else WORKSHOP
     long_seconds = size["long_seconds"] if long_seconds is None else long_seconds
-    short = short or size["short_jobs"]
+    n_short: int = short or size["short_jobs"]
     names = variants or tuple(BY_NAME)
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
@@ -241,9 +241,10 @@ def run(*, full: bool = False, long_seconds: float | None = None, short: int | N
     rows = []
     with db.scratch("vacuum", dsn) as s, Monitor(s.admin) as monitor:
         for name in names:
-            rows.append(run_variant(s, BY_NAME[name], long_seconds, short, monitor, progress))
+            rows.append(run_variant(s, BY_NAME[name], long_seconds, n_short, monitor,
+                                    progress))
     df = pd.DataFrame(rows)
-    summary = {"long_seconds": long_seconds, "short_jobs": short,
+    summary = {"long_seconds": long_seconds, "short_jobs": n_short,
                "as_expected": bool((df["holds_back"] == df["expected_holds_back"]).all())}
     return df, summary
 
