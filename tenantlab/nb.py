@@ -151,6 +151,30 @@ def progress(total: int, description: str = "") -> Iterator[Progress]:
         bar.close(ok)
 
 
+def run_panel(rows: list[list[Any]], action: Callable[[], Any], label: str = "Run") -> Any:
+    """Return rows of controls, a Run button after the last, and an output area below.
+
+    Sliders only set values: nothing runs until the button is pressed. ``action()`` runs with
+    the output area as its display target, so its charts, tables and errors show there.
+    """
+    import ipywidgets as w
+
+    button = w.Button(description=label, button_style="primary", icon="play")
+    out = w.Output()
+
+    def clicked(_: Any) -> None:
+        button.disabled = True  # one run at a time: a second click would start a second run
+        out.clear_output()
+        try:
+            with out:
+                action()
+        finally:
+            button.disabled = False
+
+    button.on_click(clicked)
+    return w.VBox([*(w.HBox(r) for r in rows[:-1]), w.HBox([*rows[-1], button]), out])
+
+
 def verdict(ok: bool, expected: str, measured: str) -> str:
     """Return the line printed beside a chart: what was expected, what was measured, agreed?"""
     mark = "✓ as the article says" if ok else "✗ NOT as the article says"

@@ -157,23 +157,13 @@ def explorer() -> Any:
                                  ("READ COMMITTED reader", "rc")],
                         value="xid", description="holder")
     design = w.Dropdown(options=list(horizon.DESIGNS), value="delete", description="fetch")
-    button = w.Button(description="Run", button_style="primary", icon="play")
-    out = w.Output()
+    def run() -> None:
+        size = max(block.value, jobs.value // block.value * block.value)
+        with nb.progress(size // block.value, "blocks") as bar:
+            run_one(VARIANT_OF_HOLDER[holder.value], bar, jobs=size, block=block.value,
+                    holder=holder.value, design=design.value)
 
-    def on_run(_: Any) -> None:
-        button.disabled = True
-        out.clear_output()
-        with out:  # errors show in the output area instead of vanishing into the log
-            try:
-                size = max(block.value, jobs.value // block.value * block.value)
-                with nb.progress(size // block.value, "blocks") as bar:
-                    run_one(VARIANT_OF_HOLDER[holder.value], bar, jobs=size, block=block.value,
-                            holder=holder.value, design=design.value)
-            finally:
-                button.disabled = False
-
-    button.on_click(on_run)
-    return w.VBox([w.HBox([jobs, block]), w.HBox([holder, design, button]), out])
+    return nb.run_panel([[jobs, block], [holder, design]], run)
 
 
 def table(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:

@@ -66,31 +66,21 @@ def explorer() -> Any:
     jobs = w.IntSlider(value=3, min=1, max=6, description="jobs")
     fail = w.Dropdown(options=_fail_options(3), value=2, description="failing job")
     auto = w.Checkbox(value=False, description="autocommit")
-    button = w.Button(description="Run", button_style="primary", icon="play")
-    out = w.Output()
-
     def on_jobs(change: dict[str, Any]) -> None:
         keep = fail.value if fail.value is None or fail.value <= change["new"] else None
         fail.options = _fail_options(change["new"])
         fail.value = keep
 
-    def on_run(_: Any) -> None:
-        button.disabled = True
-        out.clear_output()
-        with out:  # errors show in the output area instead of vanishing into the log
-            try:
-                variants = leak.variants_for(fail.value, auto.value)
-                df, _ = leak.run(variants=variants, jobs=jobs.value)
-                display(chart(df))
-                for v in variants:
-                    print(v.label)
-                    display(leak.script(df, v.name))
-            finally:
-                button.disabled = False
+    def run() -> None:
+        variants = leak.variants_for(fail.value, auto.value)
+        df, _ = leak.run(variants=variants, jobs=jobs.value)
+        display(chart(df))
+        for v in variants:
+            print(v.label)
+            display(leak.script(df, v.name))
 
     jobs.observe(on_jobs, names="value")
-    button.on_click(on_run)
-    return w.VBox([w.HBox([jobs, fail, auto, button]), out])
+    return nb.run_panel([[jobs, fail, auto]], run)
 
 
 def _fail_options(jobs: int) -> list[tuple[str, int | None]]:

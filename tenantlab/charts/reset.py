@@ -111,21 +111,11 @@ def threshold_explorer() -> Any:
 
     threshold = w.IntSlider(value=5, min=0, max=10, description="threshold")
     off = w.Checkbox(value=False, description="prepare_threshold=None")
-    button = w.Button(description="Run 40 jobs", button_style="primary", icon="play")
-    out = w.Output()
+    def run() -> None:
+        trace = reset.trace_discard_all(None if off.value else threshold.value, jobs=40)
+        display(pd.Series(trace, name="DISCARD ALL reset").to_frame())
 
-    def on_run(_: Any) -> None:
-        button.disabled = True
-        out.clear_output()
-        with out:  # errors show in the output area instead of vanishing into the log
-            try:
-                trace = reset.trace_discard_all(None if off.value else threshold.value, jobs=40)
-                display(pd.Series(trace, name="DISCARD ALL reset").to_frame())
-            finally:
-                button.disabled = False
-
-    button.on_click(on_run)
-    return w.VBox([w.HBox([threshold, off, button]), out])
+    return nb.run_panel([[threshold, off]], run, "Run 40 jobs")
 
 
 def table(measured: dict[str, Any]) -> pd.DataFrame:

@@ -118,23 +118,11 @@ def panel(run: Callable[..., Any], controls: dict[str, Any], title: str) -> Any:
 
     Sliders only set values: nothing runs until the button is pressed.
     """
-    import ipywidgets as w
     from IPython.display import display
 
-    button = w.Button(description="Run", button_style="primary", icon="play")
-    out = w.Output()
+    def action() -> None:
+        chart_ = live(title)
+        display(chart_)
+        display(run(live=chart_, **{k: c.value for k, c in controls.items()}))
 
-    def clicked(_: Any) -> None:
-        button.disabled = True
-        out.clear_output()
-        try:
-            with out:
-                chart_ = live(title)
-                display(chart_)
-                result = run(live=chart_, **{k: c.value for k, c in controls.items()})
-                display(result)
-        finally:
-            button.disabled = False
-
-    button.on_click(clicked)
-    return w.VBox([w.HBox(list(controls.values()) + [button]), out])
+    return nb.run_panel([list(controls.values())], action)

@@ -74,19 +74,9 @@ def explorer() -> Any:
     short = w.IntSlider(value=1000, min=100, max=5000, step=100, description="short jobs")
     which = w.Dropdown(options=[(v.label, v.name) for v in vacuum.VARIANTS],
                        value="leased_wrote", description="long job")
-    button = w.Button(description="Run", button_style="primary", icon="play")
-    out = w.Output()
+    def run() -> None:
+        df, _ = vacuum.run(long_seconds=seconds.value, short=short.value,
+                           variants=(which.value,))
+        display(table(df))
 
-    def on_run(_: Any) -> None:
-        button.disabled = True
-        out.clear_output()
-        with out:  # errors show in the output area instead of vanishing into the log
-            try:
-                df, _ = vacuum.run(long_seconds=seconds.value, short=short.value,
-                                   variants=(which.value,))
-                display(table(df))
-            finally:
-                button.disabled = False
-
-    button.on_click(on_run)
-    return w.VBox([w.HBox([seconds, short]), w.HBox([which, button]), out])
+    return nb.run_panel([[seconds, short], [which]], run)
