@@ -64,7 +64,8 @@ def _vacuum(m: Measured) -> alt.Chart:
             for k in ("removable", "dead_not_removable")]
     return alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
         y=alt.Y("variant:N", title=None), x=alt.X("n:Q", stack=True, title="dead tuples"),
-        color=alt.Color("tuples:N", scale=alt.Scale(range=["#2ca02c", "#d62728"])),
+        color=alt.Color("tuples:N", scale=alt.Scale(domain=["removable", "dead not removable"],
+                                                    range=["#2ca02c", "#d62728"])),
     ).properties(width=WIDTH, height=160)
 
 
