@@ -1,5 +1,6 @@
 # The lab image: JupyterLab with tenantlab installed. docker-compose.yml runs it beside postgres:17.
-FROM quay.io/jupyter/minimal-notebook:2025-12-01
+# A dated weekly tag of the Jupyter Docker Stacks (Python 3.13, JupyterLab 4.5).
+FROM quay.io/jupyter/minimal-notebook:2026-05-31
 
 # Keep in sync with pyproject.toml (tests/test_packaging.py checks the names and ranges).
 RUN pip install --no-cache-dir \
