@@ -168,3 +168,18 @@ def test_reproduce_rejects_unknown_ids(admin_dsn: str) -> None:
     done = cli("reproduce", "no-such-finding", env=dict(os.environ, DATABASE_URL=admin_dsn))
     assert done.returncode == 2
     assert "unknown finding no-such-finding; valid ids:" in done.stderr
+
+
+def test_restart_right_after_stop_reuses_the_port(home: Path) -> None:
+    """Connections in TIME_WAIT from the server just stopped must not make the port 'taken'."""
+    server = Server(home)
+    port = _free_port()
+    server.up(port=port)
+    for _ in range(3):
+        with psycopg.connect(server.dsn()) as conn:
+            conn.execute("select 1")
+    server.down()
+    try:
+        assert server.up() is True and server.port() == port
+    finally:
+        server.down()
