@@ -157,14 +157,16 @@ def scratch(label: str = "run", dsn: str | None = None) -> Iterator[Scratch]:
             _drop(conn, name)
 
 
+def scratch_databases(dsn: str | None = None) -> list[str]:
+    """Return the names of scratch databases that exist now (runs in progress, or leftovers)."""
+    with connect(dsn or admin_dsn(), "check", autocommit=True) as conn:
+        return [r[0] for r in conn.execute(queries.q("scratch_databases"), ())]
+
+
 def leftover_backends(dsn: str | None = None) -> list[dict]:
     """Return the kit's sessions still connected, other than the one asking."""
     with connect(dsn or admin_dsn(), "check", autocommit=True) as conn:
-        cur = conn.execute(
-            "select pid, datname, application_name, state, backend_type from pg_stat_activity "
-            "where application_name like %s and pid <> pg_backend_pid()",
-            (APP + "%",),
-        )
+        cur = conn.execute(queries.q("kit_sessions"), ())
         cols = [c.name for c in cur.description]
         return [dict(zip(cols, row, strict=True)) for row in cur]
 

@@ -63,6 +63,20 @@ def _offline_charts() -> None:
         alt.renderers.enable("jupyter", offline=True)
 
 
+def leftovers() -> pd.DataFrame:
+    """Return the kit's sessions still connected and scratch databases still there (none, normally).
+
+    Run it after interrupting a cell: every experiment ends its sessions and drops its database
+    on the way out, so this shows an empty table.
+    """
+    dsn = db.admin_dsn()
+    rows = [{"what": "session", "name": b["application_name"], "database": b["datname"],
+             "state": b["state"]} for b in db.leftover_backends(dsn)]
+    rows += [{"what": "database", "name": name, "database": name, "state": ""}
+             for name in db.scratch_databases(dsn)]
+    return pd.DataFrame(rows, columns=["what", "name", "database", "state"])
+
+
 def in_notebook() -> bool:
     try:
         from IPython import get_ipython

@@ -25,9 +25,7 @@ def admin_dsn() -> Iterator[str]:
         left = [b for b in db.leftover_backends(dsn)
                 if not (b["datname"] or "").startswith("tenantlab_") or mine in b["datname"]]
         assert not left, f"tenantlab backends left behind after the suite: {left}"
-        with db.connect(dsn, "check", autocommit=True) as conn:
-            dbs = [r[0] for r in conn.execute(
-                "select datname from pg_database where datname like %s", (f"%{mine}%",))]
+        dbs = [name for name in db.scratch_databases(dsn) if mine in name]
         assert not dbs, f"scratch databases left behind: {dbs}"
 
 

@@ -26,3 +26,6 @@ def test_start_here_runs_top_to_bottom(admin_dsn: str) -> None:
     text = printed(nb)
     assert "✓ tenant 1 sees 20,000 invoices: 20,000" in text
     assert "✗" not in text
+    leftovers = next(c for c in nb.cells if c.source == "nb.leftovers()")
+    shown = leftovers.outputs[0]["data"]["text/plain"]
+    assert shown.startswith("Empty DataFrame"), shown
