@@ -72,7 +72,7 @@ def run(jobs: int = 2000, repeats: int = 5, progress: Any = None) -> dict[str, A
 
 def _settings(s: db.Scratch) -> dict[str, str]:
     with s.connect("admin", "bench settings", autocommit=True) as c:
-        return {name: c.execute(q("bench_setting"), {"name": name}).fetchone()[0]
+        return {name: db.scalar(c, q("bench_setting"), {"name": name})
                 for name in ("fsync", "synchronous_commit")}
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
 
 from . import queries
 from .server import ServerNotRunning, embedded
@@ -64,9 +65,17 @@ def connect(dsn: str, name: str = "admin", **kwargs: Any) -> psycopg.Connection:
     return psycopg.connect(dsn, application_name=f"{APP} {name}", **kwargs)
 
 
+def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
+    """Run a query that returns one value, and return it; no row at all is an error."""
+    row = conn.execute(query, params).fetchone()
+    if row is None:
+        raise LookupError(f"no row from: {query.strip().splitlines()[0][:80]}")
+    return row[0]
+
+
 def server_version(dsn: str | None = None) -> str:
     with connect(dsn or admin_dsn(), "version", autocommit=True) as conn:
-        return conn.execute("show server_version").fetchone()[0]
+        return str(scalar(conn, "show server_version"))
 
 
 def ensure_template(dsn: str | None = None) -> str:
@@ -166,9 +175,8 @@ def scratch_databases(dsn: str | None = None) -> list[str]:
 def leftover_backends(dsn: str | None = None) -> list[dict]:
     """Return the kit's sessions still connected, other than the one asking."""
     with connect(dsn or admin_dsn(), "check", autocommit=True) as conn:
-        cur = conn.execute(queries.q("kit_sessions"), ())
-        cols = [c.name for c in cur.description]
-        return [dict(zip(cols, row, strict=True)) for row in cur]
+        with conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute(queries.q("kit_sessions"), ()).fetchall()
 
 
 @contextmanager

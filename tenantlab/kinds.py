@@ -15,6 +15,7 @@ import psycopg
 
 from .outside import call as outside
 from .queries import q
+from .tenant import count_invoices
 
 if TYPE_CHECKING:
     from .events import EventLog
@@ -29,7 +30,7 @@ class UnknownKind(ValueError):
 
 def count(conn: psycopg.Connection, claim: Claim, events: EventLog) -> int:
     """Count the invoices the tenant context can see (row-level security decides)."""
-    return conn.execute(q("count_invoices")).fetchone()[0]
+    return count_invoices(conn)
 
 
 def sleep(conn: psycopg.Connection, claim: Claim, events: EventLog) -> None:

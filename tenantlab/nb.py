@@ -101,7 +101,7 @@ class LiveChart:
     is an ``alt.JupyterChart`` widget; elsewhere it just keeps the last chart (tests look at it).
     """
 
-    def __init__(self, make: Callable[[pd.DataFrame], alt.TopLevelMixin],
+    def __init__(self, make: Callable[[pd.DataFrame], Any],
                  data: pd.DataFrame | None = None) -> None:
         self.make = make
         self.data = data if data is not None else pd.DataFrame()

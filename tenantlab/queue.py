@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import psycopg
-from psycopg.rows import class_row
+from psycopg.rows import class_row, dict_row
 
+from . import db, kinds
 from . import heartbeat as hb
-from . import kinds
 from .events import EventLog, NullLog
 from .queries import q
 from .tenant import set_tenant
@@ -81,9 +81,8 @@ class Design(Protocol):
 def start_run(conn: psycopg.Connection, claim: Claim, worker: str, events: EventLog) -> None:
     """Set the tenant (local form) and write the execution's job_runs row, in the open transaction."""
     set_tenant(conn, claim.tenant_id, local=True)
-    claim.run_id = conn.execute(
-        q("start_run"), {"id": claim.id, "worker": worker, "attempt": claim.attempt}
-    ).fetchone()[0]
+    claim.run_id = db.scalar(
+        conn, q("start_run"), {"id": claim.id, "worker": worker, "attempt": claim.attempt})
     events.emit("execute", job=claim.id, attempt=claim.attempt, tenant=claim.tenant_id,
                 kind=claim.kind)
 
@@ -214,9 +213,9 @@ class Leased:
                 with self._heartbeat(conn, claim, worker, events):
                     result = work(conn, claim, events)
                 finish = "complete_if_owner" if self.fence else "complete_unfenced"
-                finished = conn.execute(q(finish), {
+                finished = db.scalar(conn, q(finish), {
                     "id": claim.id, "attempt": claim.attempt, "run": claim.run_id,
-                }).fetchone()[0]
+                })
                 if not finished:
                     raise LeaseLost(f"job {claim.id} lease lost at attempt {claim.attempt}")
         except LeaseLost as e:
@@ -295,6 +294,5 @@ def enqueue(conn: psycopg.Connection, kind: str, *, tenant: int | None = None, c
 
 def job_states(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """Return every job's state (status, attempts, lease, runs) as dicts, by id."""
-    cur = conn.execute(q("job_states"))
-    cols = [c.name for c in cur.description]
-    return [dict(zip(cols, r, strict=True)) for r in cur]
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(q("job_states")).fetchall()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from .events import EventLog, NullLog
 from .queries import q
@@ -55,12 +56,10 @@ class Reaper:
     def run_once(self) -> list[dict[str, Any]]:
         """Reap one batch; return the jobs it changed (id, tenant_id, attempts, status)."""
         c = self.config
-        with self.conn.transaction():
-            cur = self.conn.execute(q("reap_expired"), {
+        with self.conn.transaction(), self.conn.cursor(row_factory=dict_row) as cur:
+            reaped = cur.execute(q("reap_expired"), {
                 "grace": c.grace, "requeue": c.requeue, "batch": c.batch,
-            })
-            cols = [d.name for d in cur.description]
-            reaped = [dict(zip(cols, r, strict=True)) for r in cur]
+            }).fetchall()
         for job in reaped:
             log.info("reaped job %s at attempt %s: %s", job["id"], job["attempts"], job["status"])
             self.events.emit("reap", job=job["id"], attempt=job["attempts"], status=job["status"])

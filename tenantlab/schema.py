@@ -6,6 +6,7 @@ import pandas as pd
 
 from . import queries
 from .db import Scratch, scratch
+from .tenant import count_invoices, set_tenant
 
 
 def _frame(conn, query: str, params: tuple = ()) -> pd.DataFrame:
@@ -39,12 +40,10 @@ def policy(s: Scratch) -> dict:
 
 def count_as(s: Scratch, tenant: int | None) -> int:
     """Count invoices as the worker role, with the tenant set locally (None: nothing set)."""
-    from .tenant import set_tenant
-
     with s.connect("worker", "rls-demo") as conn:
         if tenant is not None:
             set_tenant(conn, tenant, local=True)
-        return conn.execute(queries.q("count_invoices")).fetchone()[0]
+        return count_invoices(conn)
 
 
 def rls_demo(s: Scratch, tenants: tuple[int | None, ...] = (1, 2, None)) -> pd.DataFrame:
@@ -58,7 +57,7 @@ def facts() -> dict:
     """Check the lab in a scratch database; return the facts notebook 00 shows."""
     with scratch("start") as s:
         with s.connect("worker", "whoami") as conn:
-            who = conn.execute(queries.q("whoami")).fetchone()
+            who = conn.execute(queries.q("whoami")).fetchone() or (None, None)
         return {
             "tables": tables(s),
             "constraints": constraints(s),

@@ -50,9 +50,7 @@ def set_tenant(conn: psycopg.Connection, tenant: int, *, local: bool = True) -> 
 
 def count_invoices(conn: psycopg.Connection) -> int:
     """Return how many invoices the connection's tenant context lets it see."""
-    row = conn.execute(q("count_invoices")).fetchone()
-    assert row is not None  # count(*) always returns a row
-    return int(row[0])
+    return int(db.scalar(conn, q("count_invoices")))
 
 
 def current_tenant(conn: psycopg.Connection) -> int | None:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from .. import queue, tenant
+from .. import db, queue, tenant
 from ..queries import q
 from ._workers import WorkersRun, workers_run
 
@@ -59,9 +59,9 @@ def run(*, full: bool = False, progress: Any = None, live: Any = None,
               r.scratch.connect("worker", "rls-jobs worker", autocommit=True) as conn):
             queue.enqueue(conn, "count", count=jobs)
             admin.execute(q("jobs_tenant_policy"))
-            total = admin.execute(q("count_jobs")).fetchone()[0]
+            total = db.scalar(admin, q("count_jobs"))
             step("admin", "puts the tenant policy on jobs; counts jobs", total)
-            visible = conn.execute(q("count_jobs")).fetchone()[0]
+            visible = db.scalar(conn, q("count_jobs"))
             step("worker (no tenant set)", "counts jobs", visible)
             error = None
             try:
@@ -75,7 +75,7 @@ def run(*, full: bool = False, progress: Any = None, live: Any = None,
                  "nothing, no error" if not claimed and error is None else error or claimed)
             with conn.transaction():
                 tenant.set_tenant(conn, 7, local=True)
-                as_tenant_7 = conn.execute(q("count_jobs")).fetchone()[0]
+                as_tenant_7 = db.scalar(conn, q("count_jobs"))
             step("worker (tenant 7 set locally)", "counts jobs", as_tenant_7)
             if progress:
                 progress(1)
@@ -86,7 +86,7 @@ def run(*, full: bool = False, progress: Any = None, live: Any = None,
 
             admin.execute(q("jobs_drop_tenant_policy"))
             step("admin", "takes the jobs table out of the tenant policy", "")
-            after = conn.execute(q("count_jobs")).fetchone()[0]
+            after = db.scalar(conn, q("count_jobs"))
             step("worker (no tenant set)", "counts jobs", after)
             code, ev = _worker_process(r, "worker-after-fix")
             done = sum(s["status"] == "done" for s in queue.job_states(conn))

@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from .. import monitor, outside, queue
+from .. import db, monitor, outside, queue
 from ..queries import q
 from ..reaper import Reaper, ReaperConfig
 from ._workers import workers_run
@@ -101,7 +101,7 @@ def run(design: str = "corrected", *, mix: Mix | None = None, live: Any = None,
         run_.fleet.env[outside.FILE_ENV] = str(ledger)
         with s.connect("worker", "enqueue", autocommit=True) as conn:
             _enqueue(conn, mix)
-            total = conn.execute(q("count_jobs")).fetchone()[0]
+            total = db.scalar(conn, q("count_jobs"))
         timeout = mix.holder_timeout if design == "corrected" else None
         fetch_ms: list[float] = []
         crashes = 0
@@ -122,7 +122,7 @@ def run(design: str = "corrected", *, mix: Mix | None = None, live: Any = None,
                 t = time.perf_counter()
                 probe.execute(q("together_probe")).fetchone()
                 fetch_ms.append((time.perf_counter() - t) * 1000)
-                settled = probe.execute(q("together_settled")).fetchone()[0]
+                settled = db.scalar(probe, q("together_settled"))
                 if progress:
                     progress(settled, total)
                 if settled == total:

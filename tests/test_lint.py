@@ -1,0 +1,22 @@
+"""The tools keep the habits: ruff on everything, mypy on the package."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def test_ruff() -> None:
+    done = subprocess.run([BIN / "ruff", "check", "tenantlab", "tests", "tools"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_mypy() -> None:
+    done = subprocess.run([sys.executable, "-m", "mypy", "tenantlab"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:]
