@@ -3,7 +3,9 @@
 A worker (and the reaper) appends ``{"t", "worker", "pid", "event", ...}`` lines to stdout or a
 file; experiments read them back to draw timelines. Events: ``worker-start``, ``claim``,
 ``execute``, ``finish``, ``fail``, ``dead``, ``fenced``, ``crash`` (written just before the
-process ends itself), ``idle``, ``reap``, ``worker-stop``.
+process ends itself), ``idle``, ``reap``, ``stop-requested``, ``worker-stop``; with a heartbeat
+(tenantlab/heartbeat.py) also ``heartbeat``, ``heartbeat-failed``, ``lease-lost`` and
+``abandon`` (maximum runtime reached); from the outside-world kind ``stuck`` and ``outside``.
 """
 
 from __future__ import annotations
