@@ -89,7 +89,10 @@ def cmd_lab(args: argparse.Namespace) -> int:
         print(f"JupyterLab: http://{args.ip}:{args.port}/lab?token={token}", file=sys.stderr)
         # Its own session: a Ctrl-C reaches us, and we stop Jupyter before the server.
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        # Both, explicitly: a shell that starts us in the background ignores SIGINT, and Python
+        # then never turns it into KeyboardInterrupt.
         signal.signal(signal.SIGTERM, _raise_interrupt)
+        signal.signal(signal.SIGINT, _raise_interrupt)
         try:
             return proc.wait()
         except KeyboardInterrupt:

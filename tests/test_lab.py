@@ -14,6 +14,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tenantlab.server import Server
 
 
@@ -23,17 +25,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_lab_starts_headless_and_stops_cleanly() -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_lab_starts_headless_and_stops_cleanly(stop: signal.Signals) -> None:
     home = Path(tempfile.mkdtemp(prefix="tl-lab-", dir="/tmp"))
     home.chmod(0o755)
     port, token = _free_port(), "test-token-123"
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(TENANTLAB_HOME=str(home), JUPYTER_CONFIG_DIR=str(home / "jupyter"))
     log = (home / "lab.log").open("w")
+    # SIGINT ignored at start, as for `make lab &`: the lab must still stop on it.
     proc = subprocess.Popen(
         [sys.executable, "-m", "tenantlab", "lab", "--no-browser", "--port", str(port),
          "--db-port", str(_free_port()), "--token", token],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         status = None
         deadline = time.monotonic() + 120
@@ -54,7 +59,7 @@ def test_lab_starts_headless_and_stops_cleanly() -> None:
         except urllib.error.HTTPError as e:
             assert e.code == 403
         assert Server(home).pid() is not None, "the lab did not start the embedded server"
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop)  # SIGINT: Ctrl-C, also when a shell started us in the background
         assert proc.wait(timeout=60) == 0
         assert Server(home).pid() is None, "the lab left the server it started running"
     finally:
