@@ -45,3 +45,13 @@ def printed(nb: nbformat.NotebookNode) -> str:
         for c in nb.cells if c.cell_type == "code"
         for o in c.get("outputs", []) if o.get("output_type") == "stream"
     )
+
+
+def run_clean(name: str, dsn: str) -> tuple[nbformat.NotebookNode, str]:
+    """Run notebooks/<name> against the server at dsn; assert no cell failed.
+
+    Return the executed notebook and everything it printed (verdicts are printed lines).
+    """
+    nb = run_notebook(NOTEBOOKS / name, env={"DATABASE_URL": dsn})
+    assert errors(nb) == [], f"{name}: {errors(nb)}"
+    return nb, printed(nb)

@@ -18,7 +18,7 @@ from tenantlab import db
 from tenantlab.experiments import horizon
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from notebooks import NOTEBOOKS, errors, run_notebook  # noqa: E402
+from notebooks import run_clean
 
 
 def _run(admin_dsn: str, **kw: Any) -> tuple[pd.DataFrame, dict]:
@@ -97,6 +97,6 @@ def test_bad_parameters_say_what_is_valid() -> None:
 
 @pytest.mark.notebook
 def test_notebook_07_runs_top_to_bottom(admin_dsn: str) -> None:
-    nb = run_notebook(NOTEBOOKS / "07-the-horizon-and-a-slow-queue.ipynb",
-                      env={"DATABASE_URL": admin_dsn})
-    assert errors(nb) == []
+    # No verdict asserted: 07's verdict is judged on fetch times, and a test asserts no timing
+    # (test_horizon's buffer tests pin the behaviour).
+    run_clean("07-the-horizon-and-a-slow-queue.ipynb", admin_dsn)

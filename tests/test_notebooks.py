@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from notebooks import NOTEBOOKS, errors, printed, run_notebook
+from notebooks import NOTEBOOKS, run_clean
 
 
 def test_notebooks_are_stored_without_outputs() -> None:
@@ -21,9 +21,7 @@ def test_notebooks_are_stored_without_outputs() -> None:
 
 @pytest.mark.notebook
 def test_start_here_runs_top_to_bottom(admin_dsn: str) -> None:
-    nb = run_notebook(NOTEBOOKS / "00-start-here.ipynb", env={"DATABASE_URL": admin_dsn})
-    assert errors(nb) == []
-    text = printed(nb)
+    nb, text = run_clean("00-start-here.ipynb", admin_dsn)
     assert "✓ tenant 1 sees 20,000 invoices: 20,000" in text
     assert "✗" not in text
     leftovers = next(c for c in nb.cells if c.source == "nb.leftovers()")

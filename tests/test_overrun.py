@@ -8,20 +8,12 @@ claims, fences; never how long anything took.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
+from notebooks import run_clean
 from tenantlab.charts import overrun as charts
 from tenantlab.experiments import overrun
-
-try:
-    from tests.notebooks import NOTEBOOKS, errors, printed, run_notebook
-except ImportError:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from notebooks import NOTEBOOKS, errors, printed, run_notebook  # type: ignore[no-redef]
 
 MARGINS = {"lease": 2.0, "job": 4.0, "poll": 0.1, "heartbeat": 0.4, "max_runtime": 5.0,
            "hang": 6.0}
@@ -156,9 +148,7 @@ def test_explorer_run_button_runs_and_redraws(admin_dsn: str) -> None:
 
 @pytest.mark.notebook
 def test_notebook_05_runs_top_to_bottom(admin_dsn: str) -> None:
-    nb = run_notebook(NOTEBOOKS / "05-lease-overrun.ipynb", env={"DATABASE_URL": admin_dsn})
-    assert errors(nb) == []
-    text = printed(nb)
+    _, text = run_clean("05-lease-overrun.ipynb", admin_dsn)
     assert text.count("✓ as the article says") == 5
     assert "✗" not in text
     assert "refused: heartbeat interval (2 s) must be shorter than the lease (2 s)" in text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from notebooks import NOTEBOOKS, errors, printed, run_notebook
+from notebooks import run_clean
 from tenantlab.experiments import poison
 
 pytestmark = pytest.mark.slow
@@ -40,8 +40,6 @@ def test_reproduce_poison_keys(admin_dsn: str) -> None:
 
 @pytest.mark.notebook
 def test_notebook_03_runs_top_to_bottom(admin_dsn: str) -> None:
-    nb = run_notebook(NOTEBOOKS / "03-poison-pill.ipynb", env={"DATABASE_URL": admin_dsn})
-    assert errors(nb) == []
-    text = printed(nb)
+    _, text = run_clean("03-poison-pill.ipynb", admin_dsn)
     assert "✓ as the article says" in text and "✗" not in text
 

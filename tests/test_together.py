@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from notebooks import NOTEBOOKS, errors, printed, run_notebook
+from notebooks import run_clean
 from tenantlab.experiments import together
 
 MIX = together.Mix(count_jobs=24, poison=1, crashes=1, overruns=1, workers=3, time_limit=12)
@@ -39,7 +39,5 @@ def test_mix_refuses_a_heartbeat_not_shorter_than_the_lease() -> None:
 
 @pytest.mark.notebook
 def test_notebook_09_runs_top_to_bottom(admin_dsn: str) -> None:
-    nb = run_notebook(NOTEBOOKS / "09-what-we-would-build.ipynb", env={"DATABASE_URL": admin_dsn})
-    assert errors(nb) == []
-    out = printed(nb)
+    _, out = run_clean("09-what-we-would-build.ipynb", admin_dsn)
     assert "✓ the corrected run loses nothing: lost 0" in out

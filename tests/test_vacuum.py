@@ -13,7 +13,7 @@ from tenantlab import db
 from tenantlab.experiments import vacuum
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from notebooks import NOTEBOOKS, errors, run_notebook  # noqa: E402
+from notebooks import run_clean
 
 SHORT = 200
 
@@ -79,6 +79,6 @@ def test_unknown_variant_says_what_is_valid() -> None:
 
 @pytest.mark.notebook
 def test_notebook_06_runs_top_to_bottom(admin_dsn: str) -> None:
-    nb = run_notebook(NOTEBOOKS / "06-long-transactions-and-vacuum.ipynb",
-                      env={"DATABASE_URL": admin_dsn})
-    assert errors(nb) == []
+    _, text = run_clean("06-long-transactions-and-vacuum.ipynb", admin_dsn)
+    # The verdict is judged from dead tuples, not time: which holders kept them unremovable.
+    assert "✓ as the article says" in text and "✗" not in text
