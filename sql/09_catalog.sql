@@ -30,3 +30,7 @@ where application_name like 'tenantlab%%' and pid <> pg_backend_pid();
 -- Run by tenantlab.db.scratch_databases (notebook 00): scratch databases that exist now.
 -- name: scratch_databases
 select datname from pg_database where datname like 'tenantlab\_%%\_%%\_%%' order by 1;
+
+-- Run by tenantlab.db.schema_of: the comment that records a database's schema version.
+-- name: database_comment
+select shobj_description(oid, 'pg_database') from pg_database where datname = %(name)s;

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
@@ -24,6 +24,9 @@ from psycopg.rows import dict_row
 
 from . import queries
 from .server import ServerNotRunning, embedded
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger("tenantlab")
 
@@ -73,6 +76,15 @@ def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
     return row[0]
 
 
+def frame(conn: psycopg.Connection, query: str, params: Any = None) -> pd.DataFrame:
+    """Run a query and return its rows as a DataFrame with the query's column names."""
+    import pandas as pd  # here, not at the top: `tenantlab up` should not wait for pandas
+
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query, params).fetchall()
+        return pd.DataFrame(rows, columns=[c.name for c in cur.description or []])
+
+
 def server_version(dsn: str | None = None) -> str:
     with connect(dsn or admin_dsn(), "version", autocommit=True) as conn:
         return str(scalar(conn, "show server_version"))
@@ -85,11 +97,8 @@ def ensure_template(dsn: str | None = None) -> str:
     with connect(dsn, "template", autocommit=True) as conn:
         conn.execute("select pg_advisory_lock(%s)", (_LOCK_TEMPLATE,))
         try:
-            current = conn.execute(
-                "select shobj_description(oid, 'pg_database') from pg_database where datname = %s",
-                (TEMPLATE,),
-            ).fetchone()
-            if current and current[0] == f"tenantlab schema {version}":
+            current = schema_of(conn, TEMPLATE)
+            if current == version:
                 return TEMPLATE
             _build_template(conn, dsn, version, exists=current is not None)
         finally:
@@ -123,8 +132,29 @@ def _build_template(admin: psycopg.Connection, dsn: str, version: str, exists: b
         conn.execute("vacuum (freeze, analyze)")
     admin.execute(sql.SQL("alter database {} rename to {}").format(
         sql.Identifier(building), sql.Identifier(TEMPLATE)))
+    _stamp(admin, TEMPLATE, version)
+
+
+def schema_of(admin: psycopg.Connection, name: str) -> str | None:
+    """Return the schema version a database was made at ('' if unknown), None if it is missing."""
+    row = admin.execute(queries.q("database_comment"), {"name": name}).fetchone()
+    if row is None:
+        return None
+    prefix = "tenantlab schema "
+    return row[0][len(prefix):] if row[0] and row[0].startswith(prefix) else ""
+
+
+def _stamp(admin: psycopg.Connection, name: str, version: str) -> None:
     admin.execute(sql.SQL("comment on database {} is {}").format(
-        sql.Identifier(TEMPLATE), sql.Literal(f"tenantlab schema {version}")))
+        sql.Identifier(name), sql.Literal(f"tenantlab schema {version}")))
+
+
+def clone_template(admin: psycopg.Connection, name: str) -> None:
+    """(Re)create database `name` as a copy of the template, owned by the owner role."""
+    _drop(admin, name)
+    admin.execute(sql.SQL("create database {} template {} owner {}").format(
+        sql.Identifier(name), sql.Identifier(TEMPLATE), sql.Identifier(OWNER)))
+    _stamp(admin, name, queries.schema_version())
 
 
 def _drop(admin: psycopg.Connection, name: str) -> None:
@@ -155,9 +185,7 @@ def scratch(label: str = "run", dsn: str | None = None) -> Iterator[Scratch]:
     safe = "".join(c if c.isalnum() else "_" for c in label.lower())[:24]
     name = f"tenantlab_{safe}_{os.getpid()}_{next(_counter)}"
     with connect(dsn, "scratch", autocommit=True) as conn:
-        _drop(conn, name)
-        conn.execute(sql.SQL("create database {} template {} owner {}").format(
-            sql.Identifier(name), sql.Identifier(TEMPLATE), sql.Identifier(OWNER)))
+        clone_template(conn, name)
     worker = make_conninfo(dsn, dbname=name, user=WORKER, password=worker_password(dsn))
     try:
         yield Scratch(name=name, admin=with_db(dsn, name), worker=worker)

@@ -71,11 +71,6 @@ class Sample:
         return self.holders[cols].round({"xact_seconds": 1})
 
 
-def _frame(cur: psycopg.Cursor) -> pd.DataFrame:
-    cols = [c.name for c in cur.description or []]
-    return pd.DataFrame(cur.fetchall(), columns=cols)
-
-
 class Monitor:
     """Sample the horizon's holders and the jobs table's dead tuples on one admin connection."""
 
@@ -87,7 +82,7 @@ class Monitor:
 
     def sample(self, fetch_ms: float | None = None) -> Sample:
         """Take one sample now; ``fetch_ms`` is the latest fetch latency the caller measured."""
-        holders = _frame(self.conn.execute(q("monitor_horizon_holders"), {"limit": self.limit}))
+        holders = db.frame(self.conn, q("monitor_horizon_holders"), {"limit": self.limit})
         # Counters are flushed by each backend at most once a second: approximate, but live.
         row = self.conn.execute(q("monitor_jobs_tuples")).fetchone()
         names = ["n_live_tup", "n_dead_tup", "n_tup_del", "n_tup_upd", "vacuum_count",

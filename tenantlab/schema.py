@@ -5,36 +5,31 @@ from __future__ import annotations
 import pandas as pd
 
 from . import queries
-from .db import Scratch, scratch
+from .db import Scratch, frame, scratch
 from .tenant import count_invoices, set_tenant
-
-
-def _frame(conn, query: str, params: tuple = ()) -> pd.DataFrame:
-    cur = conn.execute(query, params)
-    return pd.DataFrame(cur.fetchall(), columns=[c.name for c in cur.description])
 
 
 def tables(s: Scratch) -> pd.DataFrame:
     """Return every column of the lab's tables, with its type."""
     with s.connect("admin", "schema") as conn:
-        return _frame(conn, queries.q("describe_columns"))
+        return frame(conn, queries.q("describe_columns"))
 
 
 def constraints(s: Scratch) -> pd.DataFrame:
     """Return the named CHECK constraints: the invariants the schema guards."""
     with s.connect("admin", "schema") as conn:
-        return _frame(conn, queries.q("describe_constraints"))
+        return frame(conn, queries.q("describe_constraints"))
 
 
 def roles(s: Scratch) -> pd.DataFrame:
     with s.connect("admin", "schema") as conn:
-        return _frame(conn, queries.q("role_facts"))
+        return frame(conn, queries.q("role_facts"))
 
 
 def policy(s: Scratch) -> dict:
     """Return how row-level security stands on invoices: enabled, forced, the policy, the owner."""
     with s.connect("admin", "schema") as conn:
-        row = _frame(conn, queries.q("invoice_policy"))
+        row = frame(conn, queries.q("invoice_policy"))
     return row.iloc[0].to_dict()
 
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import db, kinds, queries, queue
@@ -40,21 +39,12 @@ def playground_dsn() -> str:
     """Return the playground database's admin DSN; clone it from the template if needed."""
     admin = db.admin_dsn()
     db.ensure_template(admin)
-    version = f"tenantlab schema {queries.schema_version()}"
     with db.connect(admin, "playground", autocommit=True) as conn:
-        row = conn.execute(
-            "select shobj_description(oid, 'pg_database') from pg_database where datname = %s",
-            (PLAYGROUND,),
-        ).fetchone()
-        if row is None or row[0] != version:
-            if row is not None:
+        current = db.schema_of(conn, PLAYGROUND)
+        if current != queries.schema_version():
+            if current is not None:
                 log.warning("the schema changed: recreating %s (its jobs are gone)", PLAYGROUND)
-            conn.execute(sql.SQL("drop database if exists {} with (force)").format(
-                sql.Identifier(PLAYGROUND)))
-            conn.execute(sql.SQL("create database {} template {} owner {}").format(
-                sql.Identifier(PLAYGROUND), sql.Identifier(db.TEMPLATE), sql.Identifier(db.OWNER)))
-            conn.execute(sql.SQL("comment on database {} is {}").format(
-                sql.Identifier(PLAYGROUND), sql.Literal(version)))
+            db.clone_template(conn, PLAYGROUND)
     return db.with_db(admin, PLAYGROUND)
 
 
