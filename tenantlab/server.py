@@ -15,7 +15,6 @@ import secrets
 import shutil
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -297,30 +296,19 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _free_port(preferred: int) -> int:
-    if env := os.environ.get("TENANTLAB_PORT"):
-        return int(env)
-    if _port_free(preferred):
-        return preferred
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def _free_port(preferred: int) -> int:
+    if env := os.environ.get("TENANTLAB_PORT"):
+        return int(env)
+    return preferred if _port_free(preferred) else free_port()
+
+
 def embedded() -> Server:
     return Server(home())
 
-
-def wait_ready(dsn: str, timeout: float = 10.0) -> None:
-    """Wait until the server accepts connections."""
-    import psycopg
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            psycopg.connect(dsn, connect_timeout=2).close()
-            return
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)

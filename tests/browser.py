@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from tenantlab.server import free_port
+
 if TYPE_CHECKING:
     from playwright.sync_api import Page, Route, WebSocket
 
@@ -33,11 +34,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _children() -> dict[int, list[int]]:
@@ -166,7 +162,7 @@ def lab(admin_dsn: str, home: Path, notebooks: list[Path]) -> Iterator[Lab]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "JPY_"))}
     env.update(_private_jupyter(home), DATABASE_URL=admin_dsn, TENANTLAB_SIZE="workshop",
                TENANTLAB_NOTEBOOKS=str(copies))
-    port, token = _free_port(), "browser-test-token"
+    port, token = free_port(), "browser-test-token"
     log_path = home / "lab.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,27 +15,21 @@ from pathlib import Path
 
 import pytest
 
-from tenantlab.server import Server
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tenantlab.server import Server, free_port
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_lab_starts_headless_and_stops_cleanly(stop: signal.Signals) -> None:
     home = Path(tempfile.mkdtemp(prefix="tl-lab-", dir="/tmp"))
     home.chmod(0o755)
-    port, token = _free_port(), "test-token-123"
+    port, token = free_port(), "test-token-123"
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(TENANTLAB_HOME=str(home), JUPYTER_CONFIG_DIR=str(home / "jupyter"))
     log = (home / "lab.log").open("w")
     # SIGINT ignored at start, as for `make lab &`: the lab must still stop on it.
     proc = subprocess.Popen(
         [sys.executable, "-m", "tenantlab", "lab", "--no-browser", "--port", str(port),
-         "--db-port", str(_free_port()), "--token", token],
+         "--db-port", str(free_port()), "--token", token],
         env=env, stdout=log, stderr=subprocess.STDOUT,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import psycopg
 import pytest
 
 from tenantlab import db, queries, schema
-from tenantlab.server import Server
+from tenantlab.server import Server, free_port
 
 
 def check_schema(s: db.Scratch) -> None:
@@ -90,9 +89,7 @@ def test_the_schema_works_on_postgresql_15(monkeypatch: pytest.MonkeyPatch) -> N
     home = Path(tempfile.mkdtemp(prefix="tl15-", dir="/tmp"))
     home.chmod(0o755)
     monkeypatch.setenv("TENANTLAB_PG_BINDIR", str(PG15))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = Server(home)
     try:
         server.up(port=port)

@@ -15,13 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tenantlab.server import SERVER_USER, Server, ServerError, bindir
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tenantlab.server import SERVER_USER, Server, ServerError, bindir, free_port
 
 
 @pytest.fixture
@@ -49,7 +43,7 @@ def cli(*args: str, env: dict[str, str] | None = None, user: int | None = None
 
 def test_up_status_down_via_cli(home: Path) -> None:
     env = _env(TENANTLAB_HOME=str(home))
-    port = str(_free_port())
+    port = str(free_port())
     first = cli("up", "--port", port, env=env)
     assert first.returncode == 0, first.stderr
     dsn = first.stdout.strip().splitlines()[-1]
@@ -69,7 +63,7 @@ def test_up_status_down_via_cli(home: Path) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="the root case needs root")
 def test_as_root_the_server_runs_as_an_unprivileged_user(home: Path) -> None:
     server = Server(home)
-    assert server.up(port=_free_port())
+    assert server.up(port=free_port())
     try:
         owner = Path(f"/proc/{server.pid()}").stat().st_uid
         assert pwd.getpwuid(owner).pw_name == SERVER_USER
@@ -87,7 +81,7 @@ def test_as_a_normal_user_the_server_runs_as_that_user(home: Path) -> None:
     if subprocess.run(["test", "-x", str(bindir() / "postgres")], user=user.pw_uid).returncode:
         pytest.skip(f"the PostgreSQL binaries are not reachable by {SERVER_USER}")
     os.chown(home, user.pw_uid, user.pw_gid)
-    port = _free_port()
+    port = free_port()
     read, write = os.pipe()
     child = os.fork()
     if child == 0:  # the child: a normal user from here on
@@ -126,7 +120,7 @@ def test_port_taken_is_a_one_line_error(home: Path) -> None:
 
 def test_stale_pid_file_is_removed_and_the_server_starts(home: Path, caplog) -> None:
     server = Server(home)
-    server.up(port=_free_port())
+    server.up(port=free_port())
     server.down()
     # A pid file left by a crash, naming a process that is not postgres (our own pid).
     (home / "data" / "postmaster.pid").write_text(f"{os.getpid()}\n{home / 'data'}\n")
@@ -140,7 +134,7 @@ def test_stale_pid_file_is_removed_and_the_server_starts(home: Path, caplog) -> 
 
 def test_data_directory_from_another_major_version(home: Path) -> None:
     server = Server(home)
-    server.up(port=_free_port())
+    server.up(port=free_port())
     server.down()
     (home / "data" / "PG_VERSION").write_text("15\n")
     with pytest.raises(ServerError, match=r"is from PostgreSQL 15, the binaries are 17"):
@@ -150,7 +144,7 @@ def test_data_directory_from_another_major_version(home: Path) -> None:
 def test_binaries_missing(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TENANTLAB_PG_BINDIR", str(home / "nowhere"))
     with pytest.raises(ServerError, match=r"^postgresql binaries missing"):
-        Server(home).up(port=_free_port())
+        Server(home).up(port=free_port())
     env = _env(TENANTLAB_HOME=str(home))
     done = cli("up", env=env)
     assert done.returncode == 1
@@ -173,7 +167,7 @@ def test_reproduce_rejects_unknown_ids(admin_dsn: str) -> None:
 def test_restart_right_after_stop_reuses_the_port(home: Path) -> None:
     """Connections in TIME_WAIT from the server just stopped must not make the port 'taken'."""
     server = Server(home)
-    port = _free_port()
+    port = free_port()
     server.up(port=port)
     for _ in range(3):
         with psycopg.connect(server.dsn()) as conn:
