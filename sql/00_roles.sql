@@ -1,19 +1,50 @@
 -- Roles are cluster-wide: created once by the admin connection, reused by every database.
 -- tenantlab_owner owns the tables; tenantlab_worker is what a worker logs in as: an ordinary
 -- login role, not the owner, not superuser, no BYPASSRLS, so row-level security applies to it.
+-- The admin may be a superuser or a managed-service role (CREATEROLE, CREATEDB, pg_monitor; no
+-- superuser): nothing here needs more than that.
 
--- Run by tenantlab.db.ensure_template before building the template database.
+-- Run by tenantlab.db.ensure_template on every set-up, before the template is (re)built.
 -- name: create_roles
 do $$
+declare
+  am_super boolean := (select rolsuper from pg_roles where rolname = current_user);
+  -- 16+: membership has separate SET and INHERIT options, and granting needs ADMIN on the role.
+  v16 boolean := current_setting('server_version_num')::int >= 160000;
+  kit_role text;
 begin
   if not exists (select from pg_roles where rolname = 'tenantlab_owner') then
-    create role tenantlab_owner nologin nosuperuser nobypassrls;
+    create role tenantlab_owner nologin;
   end if;
   if not exists (select from pg_roles where rolname = 'tenantlab_worker') then
-    create role tenantlab_worker login nosuperuser nobypassrls nocreatedb nocreaterole noinherit;
+    create role tenantlab_worker login noinherit;
   end if;
   -- An existing role may have been altered by hand: restore the attributes the lessons rely on.
-  alter role tenantlab_worker login nosuperuser nobypassrls nocreatedb nocreaterole noinherit;
+  -- Only what differs: naming SUPERUSER or BYPASSRLS at all needs a superuser (15 and 17).
+  foreach kit_role in array array['tenantlab_owner', 'tenantlab_worker'] loop
+    if exists (select from pg_roles where rolname = kit_role and (rolsuper or rolbypassrls)) then
+      execute format('alter role %I nosuperuser nobypassrls', kit_role);
+    end if;
+  end loop;
+  if exists (select from pg_roles where rolname = 'tenantlab_worker'
+             and (not rolcanlogin or rolcreatedb or rolcreaterole or rolinherit)) then
+    alter role tenantlab_worker login nocreatedb nocreaterole noinherit;
+  end if;
+  if am_super then
+    return;  -- a superuser may do all that follows without membership
+  end if;
+  -- A managed admin acts through membership: SET to create databases owned by the owner role,
+  -- INHERIT to own them (rename, comment, drop, clone) and to reach the owner's tables; in the
+  -- worker role to end its sessions (DROP DATABASE ... WITH (FORCE)).
+  foreach kit_role in array array['tenantlab_owner', 'tenantlab_worker'] loop
+    if v16 then
+      if not (pg_has_role(current_user, kit_role, 'SET') and pg_has_role(current_user, kit_role, 'USAGE')) then
+        execute format('grant %I to current_user with inherit true, set true', kit_role);
+      end if;
+    elsif not pg_has_role(current_user, kit_role, 'USAGE') then
+      execute format('grant %I to current_user', kit_role);
+    end if;
+  end loop;
 end
 $$;
 
@@ -24,3 +55,17 @@ select rolname as role, rolsuper as superuser, rolbypassrls as bypassrls,
 from pg_roles
 where rolname in ('tenantlab_owner', 'tenantlab_worker')
 order by rolname;
+
+-- Run by tenantlab.db.uninstall: the databases the kit made (stamped with its schema version,
+-- or a template build that was interrupted), never a database of the same prefix it did not.
+-- name: kit_databases
+select datname from pg_database
+where datname like 'tenantlab\_%%'
+  and (shobj_description(oid, 'pg_database') like 'tenantlab schema %%'
+       or datname = 'tenantlab_template_building')
+order by datname = 'tenantlab_template', datname;
+
+-- Run by tenantlab.db.uninstall: the kit's roles that exist on this server.
+-- name: kit_roles
+select rolname from pg_roles where rolname in ('tenantlab_worker', 'tenantlab_owner')
+order by rolname desc;

@@ -11,9 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import db, reproduce, worker
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from . import db, reproduce, settings, worker
+from .errors import TenantlabError
 from .experiments import FINDINGS
-from .server import REPO, ServerError, embedded
+from .server import REPO, ServerError, embedded, port_free
 
 log = logging.getLogger("tenantlab")
 
@@ -51,9 +55,12 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    if url := os.environ.get("DATABASE_URL"):
-        print(f"using DATABASE_URL: PostgreSQL {db.server_version(url)}")
+    if url := settings.database_url():
+        print(f"using TENANTLAB_DATABASE_URL: PostgreSQL {db.server_version(url)}")
         return 0
+    if settings.ignored_database_url():
+        print("DATABASE_URL is set but not used: the kit uses TENANTLAB_DATABASE_URL "
+              "(or TENANTLAB_USE_DATABASE_URL=1)", file=sys.stderr)
     st = embedded().status()
     if not st["running"]:
         print(f"not running (state in {st['home']}): start it with `tenantlab up`")
@@ -65,8 +72,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def notebooks_dir() -> Path:
-    if env := os.environ.get("TENANTLAB_NOTEBOOKS"):
-        return Path(env)
+    if env := settings.notebooks():
+        return env
     for candidate in (REPO / "notebooks", Path.cwd() / "notebooks"):
         if candidate.is_dir():
             return candidate
@@ -75,13 +82,23 @@ def notebooks_dir() -> Path:
 
 def cmd_lab(args: argparse.Namespace) -> int:
     nbdir = notebooks_dir()
-    token = args.token or os.environ.get("JUPYTER_TOKEN") or secrets.token_hex(16)
+    # Before the server starts and before a link is printed: a busy port would hand the
+    # participant a link to whatever holds it.
+    if not port_free(args.port, args.ip):
+        raise TenantlabError(f"JupyterLab's port {args.port} on {args.ip} is taken by another "
+                             "process: choose another with `tenantlab lab --port N` "
+                             "(`make lab PORT=N`)")
+    token = args.token or settings.jupyter_token() or secrets.token_hex(16)
     with db.server_session(port=args.db_port) as dsn:
         db.ensure_template(dsn)
+        # The token goes through the environment, which `ps` does not show to other users;
+        # Jupyter reads JUPYTER_TOKEN itself.
         env = dict(os.environ, TENANTLAB_HOME=str(embedded().home), JUPYTER_TOKEN=token)
+        if url := settings.database_url():
+            env[settings.DATABASE_URL] = url  # the kernels find the same server
         cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={nbdir}",
                f"--ServerApp.ip={args.ip}", f"--ServerApp.port={args.port}",
-               "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}"]
+               "--ServerApp.port_retries=0"]
         if args.no_browser:
             cmd.append("--no-browser")
         if os.geteuid() == 0:
@@ -133,9 +150,29 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    dsn = db.admin_dsn()
+    host = conninfo_to_dict(dsn).get("host", "")
+    found = db.uninstall(dsn, dry_run=True)
+    if not found:
+        print(f"nothing of tenantlab's on {host}")
+        return 0
+    if not args.yes:
+        print(f"would remove from {host}:", *found, sep="\n  ")
+        print("run `tenantlab uninstall --yes` to remove them")
+        return 1
+    for item in db.uninstall(dsn):
+        print(f"removed {item}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tenantlab", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    p.add_argument("--debug", action="store_true", help="show the traceback of a failure")
+    p.add_argument("--database-url", metavar="URL", default=None,
+                   help="admin URL of a PostgreSQL 15+ server to use instead of the embedded one "
+                        "(default: TENANTLAB_DATABASE_URL)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="start the embedded PostgreSQL 17; print the admin DSN last")
@@ -149,7 +186,7 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("status", help="is the server running, and where").set_defaults(func=cmd_status)
 
-    lab = sub.add_parser("lab", help="start the server (unless DATABASE_URL) and JupyterLab")
+    lab = sub.add_parser("lab", help="start the server (unless TENANTLAB_DATABASE_URL) and JupyterLab")
     lab.add_argument("--port", type=_port, default=8888, help="JupyterLab's port (default 8888)")
     lab.add_argument("--ip", default="127.0.0.1", help="address JupyterLab listens on")
     lab.add_argument("--db-port", type=_port, default=None, help="the embedded server's port")
@@ -166,6 +203,10 @@ def parser() -> argparse.ArgumentParser:
                      help="write one HTML page with claims, measurements, verdicts and charts")
     rep.set_defaults(func=cmd_reproduce)
 
+    un = sub.add_parser("uninstall", help="remove the kit's databases and roles from the server")
+    un.add_argument("--yes", action="store_true", help="remove them (without: only list them)")
+    un.set_defaults(func=cmd_uninstall)
+
     worker.add_arguments(sub)  # worker, enqueue, reap
     return p
 
@@ -174,10 +215,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="tenantlab: %(message)s")
+    if args.database_url:
+        # Child processes (workers, kernels) inherit it, as they would the variable itself.
+        os.environ[settings.DATABASE_URL] = args.database_url
     try:
         return args.func(args)
-    except ServerError as e:
-        print(f"tenantlab {args.command}: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as e:
+        message = explain(e)
+        if args.debug or message is None:
+            raise
+        print(f"tenantlab {args.command}: {message}", file=sys.stderr)
+        return 1
+
+
+def explain(e: BaseException) -> str | None:
+    """Return one or two lines for a failure the user can act on; None for a bug (traceback)."""
+    if isinstance(e, TenantlabError):
+        return str(e)
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, psycopg.errors.InsufficientPrivilege):
+        return (f"{first}\nthe admin role needs CREATEROLE and CREATEDB (a superuser, or a managed "
+                "service's admin role); see the README's \"With your own server\"")
+    if isinstance(e, psycopg.OperationalError):
+        where = "TENANTLAB_DATABASE_URL" if settings.database_url() else "the embedded server"
+        return (f"cannot connect to PostgreSQL: {first}\n"
+                f"check {where} (is it running, are the user and password right?); "
+                "`tenantlab status` tells which server is used")
+    return None

@@ -1,6 +1,6 @@
 """Connections, the template database, and one scratch database per experiment run.
 
-The admin connection comes from DATABASE_URL when set, else from the embedded server. A
+The admin connection comes from TENANTLAB_DATABASE_URL when set, else from the embedded server. A
 template database holds the schema and the seeded invoices, built once per schema version;
 every experiment run clones it (a file copy, far faster than seeding) and drops the clone
 afterwards, so a re-run cell always starts from clean tables.
@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import logging
 import os
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,8 +23,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
-from . import queries
-from .server import ServerNotRunning, embedded
+from . import queries, settings
+from .server import ServerNotRunning, embedded, home
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,14 +40,14 @@ _counter = itertools.count(1)
 
 
 def admin_dsn() -> str:
-    """Return the admin DSN: DATABASE_URL, or the running embedded server."""
-    if url := os.environ.get("DATABASE_URL"):
+    """Return the admin DSN: TENANTLAB_DATABASE_URL, or the running embedded server."""
+    if url := settings.database_url():
         return url
     server = embedded()
     if server.pid() is None:
         raise ServerNotRunning(
             "PostgreSQL is not running: start it with `tenantlab up` (or `make lab`), "
-            "or point DATABASE_URL at a PostgreSQL 15+ server"
+            "or point TENANTLAB_DATABASE_URL at a PostgreSQL 15+ server"
         )
     return server.dsn()
 
@@ -57,10 +58,31 @@ def with_db(dsn: str, dbname: str, **params: Any) -> str:
 
 
 def worker_password(dsn: str) -> str:
-    """Derive the worker role's password from the admin credentials (stable, not stored)."""
+    """Return the worker role's password: TENANTLAB_WORKER_PASSWORD, or derived from the admin's.
+
+    Derived from the admin's user and password only, never from how the server is addressed:
+    `localhost` and `127.0.0.1`, or the compose database seen from the host and from the lab
+    container, give the same password. An admin URL without a password (peer or .pgpass
+    login) mixes in a random secret kept with the kit's state instead. Every set-up
+    (`ensure_template`) sets it again, so another admin's set-up cannot lock this one out.
+    """
+    if chosen := settings.worker_password():
+        return chosen
     p = conninfo_to_dict(dsn)
-    key = ":".join(str(p.get(k, "")) for k in ("host", "port", "user", "password"))
+    secret = str(p.get("password") or _local_secret())
+    key = f"{p.get('user', '')}:{secret}"
     return hashlib.sha256(f"tenantlab-worker:{key}".encode()).hexdigest()[:24]
+
+
+def _local_secret() -> str:
+    path = home() / "worker-secret"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(18) + "\n")
+        path.chmod(0o600)
+        return path.read_text().strip()
 
 
 def connect(dsn: str, name: str = "admin", **kwargs: Any) -> psycopg.Connection:
@@ -91,12 +113,16 @@ def server_version(dsn: str | None = None) -> str:
 
 
 def ensure_template(dsn: str | None = None) -> str:
-    """Build the template database unless it exists at the current schema version."""
+    """Set up the roles (once per process and server) and build the template unless current."""
     dsn = dsn or admin_dsn()
     version = queries.schema_version()
     with connect(dsn, "template", autocommit=True) as conn:
         conn.execute("select pg_advisory_lock(%s)", (_LOCK_TEMPLATE,))
         try:
+            if dsn not in _roles_ready:
+                # Under the lock: concurrent ALTER ROLEs fail with "tuple concurrently updated".
+                ensure_roles(conn, dsn)
+                _roles_ready.add(dsn)
             current = schema_of(conn, TEMPLATE)
             if current == version:
                 return TEMPLATE
@@ -106,14 +132,21 @@ def ensure_template(dsn: str | None = None) -> str:
     return TEMPLATE
 
 
-def _build_template(admin: psycopg.Connection, dsn: str, version: str, exists: bool) -> None:
-    log.info("building template database %s (schema %s)", TEMPLATE, version)
+_roles_ready: set[str] = set()
+
+
+def ensure_roles(admin: psycopg.Connection, dsn: str) -> None:
+    """Create the owner and worker roles if needed, and set the worker's password (again)."""
     admin.execute(queries.q("create_roles"))
     admin.execute(
         sql.SQL("alter role {} password {}").format(
             sql.Identifier(WORKER), sql.Literal(worker_password(dsn))
         )
     )
+
+
+def _build_template(admin: psycopg.Connection, dsn: str, version: str, exists: bool) -> None:
+    log.info("building template database %s (schema %s)", TEMPLATE, version)
     if exists:
         _drop(admin, TEMPLATE)
     building = f"{TEMPLATE}_building"
@@ -122,13 +155,15 @@ def _build_template(admin: psycopg.Connection, dsn: str, version: str, exists: b
         sql.SQL("create database {} owner {}").format(sql.Identifier(building), sql.Identifier(OWNER))
     )
     with connect(with_db(dsn, building), "template") as conn:
-        # The owner creates the tables; seeding runs as admin (RLS is switched on after it).
+        # The owner creates and seeds the tables (RLS is switched on after the seeding).
         conn.execute(sql.SQL("set role {}").format(sql.Identifier(OWNER)))
         for _file, ddl in queries.schema():
             conn.execute(ddl)
         conn.execute("reset role")
         conn.commit()
     with connect(with_db(dsn, building), "template", autocommit=True) as conn:
+        # As the owner: a managed admin may vacuum only the tables its role owns.
+        conn.execute(sql.SQL("set role {}").format(sql.Identifier(OWNER)))
         conn.execute("vacuum (freeze, analyze)")
     admin.execute(sql.SQL("alter database {} rename to {}").format(
         sql.Identifier(building), sql.Identifier(TEMPLATE)))
@@ -210,7 +245,7 @@ def leftover_backends(dsn: str | None = None) -> list[dict]:
 @contextmanager
 def server_session(port: int | None = None) -> Iterator[str]:
     """Yield the admin DSN; start the embedded server if needed and stop it only if we started it."""
-    if url := os.environ.get("DATABASE_URL"):
+    if url := settings.database_url():
         yield url
         return
     server = embedded()
@@ -220,3 +255,22 @@ def server_session(port: int | None = None) -> Iterator[str]:
     finally:
         if started:
             server.down()
+
+
+def uninstall(dsn: str, dry_run: bool = False) -> list[str]:
+    """Drop the kit's databases (template, scratch, playground) and its roles; return what went.
+
+    Only what the kit made: databases stamped with its schema comment, and its two roles.
+    """
+    removed: list[str] = []
+    with connect(dsn, "uninstall", autocommit=True) as conn:
+        for (name,) in conn.execute(queries.q("kit_databases")).fetchall():
+            if not dry_run:
+                _drop(conn, name)
+            removed.append(f"database {name}")
+        for (role,) in conn.execute(queries.q("kit_roles")).fetchall():
+            if not dry_run:
+                conn.execute(sql.SQL("drop role {}").format(sql.Identifier(role)))
+            removed.append(f"role {role}")
+    _roles_ready.discard(dsn)
+    return removed

@@ -6,7 +6,6 @@ notebook (tests call the same functions, the widgets simply are not displayed).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,11 +14,11 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from . import db
+from . import db, settings
 from .server import ServerNotRunning
 
 #: "workshop" (default) or "full": the article's sizes. CI and the browser test use "workshop".
-SIZE = os.environ.get("TENANTLAB_SIZE", "workshop")
+SIZE = settings.size()
 
 
 def full() -> bool:

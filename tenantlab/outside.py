@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from . import settings
+
 if TYPE_CHECKING:
     from .events import EventLog
     from .queue import Claim
@@ -32,12 +34,12 @@ FILE_ENV, HANG_ENV = "TENANTLAB_OUTSIDE", "TENANTLAB_OUTSIDE_HANG"
 
 def path() -> Path:
     """Return the outside world's file for this process."""
-    return Path(os.environ.get(FILE_ENV) or Path(tempfile.gettempdir()) / "tenantlab-outside.jsonl")
+    return settings.outside_file() or Path(tempfile.gettempdir()) / "tenantlab-outside.jsonl"
 
 
 def hang() -> float:
     """Return how long a job's first call hangs, from TENANTLAB_OUTSIDE_HANG (0 when unset)."""
-    text = os.environ.get(HANG_ENV, "") or "0"
+    text = settings.outside_hang() or "0"
     try:
         value = float(text)
     except ValueError:

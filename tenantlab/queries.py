@@ -7,12 +7,13 @@ Python looks queries up by name and passes parameters; it never formats SQL.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from functools import cache
 from pathlib import Path
 
-SQL_DIR = Path(os.environ.get("TENANTLAB_SQL", Path(__file__).resolve().parent.parent / "sql"))
+from . import settings
+
+SQL_DIR = settings.sql_dir() or Path(__file__).resolve().parent.parent / "sql"
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
 

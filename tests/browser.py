@@ -1,6 +1,6 @@
 """Drive JupyterLab in headless Chromium: start the lab, open a notebook, run it, look at it.
 
-The lab runs `tenantlab lab` headless against the suite's server (DATABASE_URL), on copies of the
+The lab runs `tenantlab lab` headless against the suite's server (TENANTLAB_DATABASE_URL), on copies of the
 notebooks (JupyterLab saves outputs into the files it runs), with private Jupyter and IPython
 directories so nothing of the user's configuration takes part. The browser may only talk to the
 lab: every other request is aborted and recorded, which is what "works with the network cut" means
@@ -160,7 +160,7 @@ def lab(admin_dsn: str, home: Path, notebooks: list[Path]) -> Iterator[Lab]:
     for path in notebooks:
         shutil.copy(path, copies / path.name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "JPY_"))}
-    env.update(_private_jupyter(home), DATABASE_URL=admin_dsn, TENANTLAB_SIZE="workshop",
+    env.update(_private_jupyter(home), TENANTLAB_DATABASE_URL=admin_dsn, TENANTLAB_SIZE="workshop",
                TENANTLAB_NOTEBOOKS=str(copies))
     port, token = free_port(), "browser-test-token"
     log_path = home / "lab.log"

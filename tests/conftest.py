@@ -1,4 +1,4 @@
-"""One embedded server per test session (or DATABASE_URL); a scratch database per test."""
+"""One embedded server per test session (or TENANTLAB_DATABASE_URL); a scratch database per test."""
 
 from __future__ import annotations
 
@@ -39,4 +39,4 @@ def scratch(admin_dsn: str, request: pytest.FixtureRequest) -> Iterator[db.Scrat
 @pytest.fixture
 def env_with_db(admin_dsn: str) -> dict[str, str]:
     """Environment for child processes (workers, notebooks) that must find this server."""
-    return dict(os.environ, DATABASE_URL=admin_dsn)
+    return dict(os.environ, TENANTLAB_DATABASE_URL=admin_dsn)

@@ -52,6 +52,6 @@ def run_clean(name: str, dsn: str) -> tuple[nbformat.NotebookNode, str]:
 
     Return the executed notebook and everything it printed (verdicts are printed lines).
     """
-    nb = run_notebook(NOTEBOOKS / name, env={"DATABASE_URL": dsn})
+    nb = run_notebook(NOTEBOOKS / name, env={"TENANTLAB_DATABASE_URL": dsn})
     assert errors(nb) == [], f"{name}: {errors(nb)}"
     return nb, printed(nb)

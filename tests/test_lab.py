@@ -23,7 +23,7 @@ def test_lab_starts_headless_and_stops_cleanly(stop: signal.Signals) -> None:
     home = Path(tempfile.mkdtemp(prefix="tl-lab-", dir="/tmp"))
     home.chmod(0o755)
     port, token = free_port(), "test-token-123"
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TENANTLAB_DATABASE_URL")}
     env.update(TENANTLAB_HOME=str(home), JUPYTER_CONFIG_DIR=str(home / "jupyter"))
     log = (home / "lab.log").open("w")
     # SIGINT ignored at start, as for `make lab &`: the lab must still stop on it.

@@ -19,7 +19,7 @@ def test_reproduce_writes_json_report_and_matrix(admin_dsn: str, tmp_path: Path)
     done = subprocess.run(
         [sys.executable, "-m", "tenantlab", "reproduce", "leak", "rls-jobs",
          "--json", str(out), "--report", str(page)],
-        capture_output=True, text=True, timeout=600, env=dict(os.environ, DATABASE_URL=admin_dsn))
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, TENANTLAB_DATABASE_URL=admin_dsn))
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert result["server_version"] and set(result["findings"]) == {"leak", "rls-jobs"}

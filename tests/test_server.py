@@ -30,7 +30,7 @@ def home() -> Iterator[Path]:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TENANTLAB_DATABASE_URL")}
     return env | extra
 
 
@@ -159,7 +159,7 @@ def test_bad_arguments_say_what_is_valid() -> None:
 
 
 def test_reproduce_rejects_unknown_ids(admin_dsn: str) -> None:
-    done = cli("reproduce", "no-such-finding", env=dict(os.environ, DATABASE_URL=admin_dsn))
+    done = cli("reproduce", "no-such-finding", env=dict(os.environ, TENANTLAB_DATABASE_URL=admin_dsn))
     assert done.returncode == 2
     assert "unknown finding no-such-finding; valid ids:" in done.stderr
 
