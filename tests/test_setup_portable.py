@@ -127,3 +127,26 @@ def test_lab_refuses_a_busy_port_before_printing_a_link(home: Path) -> None:
         "choose another with `tenantlab lab --port N` (`make lab PORT=N`)"]
     assert "token=" not in done.stdout + done.stderr
     assert not (home / "data").exists(), "the lab started PostgreSQL before checking its port"
+
+
+def test_down_and_clean_refuse_while_a_lab_runs(home: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TENANTLAB_DATABASE_URL")}
+    env |= {"TENANTLAB_HOME": str(home)}
+    server = Server(home)
+    server.up(port=free_port())
+    lab = subprocess.Popen(["sleep", "60"])  # stands in for a running `tenantlab lab`
+    try:
+        (home / "lab.pid").write_text(f"{lab.pid}\n")
+        done = subprocess.run([sys.executable, "-m", "tenantlab", "down", "--purge"],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert f"a lab (pid {lab.pid}) is using the server" in done.stderr
+        assert server.pid() is not None and (home / "data").exists()
+    finally:
+        lab.kill()
+        lab.wait()
+    # The lab gone (its marker left behind by a kill): the purge goes through.
+    done = subprocess.run([sys.executable, "-m", "tenantlab", "down", "--purge"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not home.exists()
