@@ -157,3 +157,24 @@ def test_a_bare_database_url_is_used_only_when_told(tmp_path: Path) -> None:
     assert ignored.returncode == 1 and "DATABASE_URL is set but not used" in ignored.stderr
     used = cli("status", env=env | {"TENANTLAB_USE_DATABASE_URL": "1"})
     assert "cannot connect to PostgreSQL" in _one_or_two_lines(used)
+
+
+def test_roles_made_by_another_admin_are_named_in_one_line(server: tuple[Server, str]) -> None:
+    from tenantlab import db
+
+    srv, su = server
+    db.ensure_template(su)  # a superuser set the kit up first
+    managed = _role(su, "late_admin", "createrole createdb in role pg_monitor")
+    try:
+        with psycopg.connect(su) as conn:
+            major = int(conn.execute("show server_version_num").fetchone()[0]) // 10000
+        done = cli("--database-url", managed, "reproduce", "leak", env=_env(srv.home))
+        if major >= 16:  # only 16+ limits CREATEROLE to the roles one administers
+            assert "created by another admin" in _one_or_two_lines(done)
+        else:
+            assert done.returncode == 0, done.stderr
+    finally:
+        db.uninstall(su)
+        with psycopg.connect(su, autocommit=True) as conn:
+            conn.execute("drop role late_admin")
+    assert _left(su) == ([], [])
