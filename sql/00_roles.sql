@@ -69,3 +69,9 @@ order by datname = 'tenantlab_template', datname;
 -- name: kit_roles
 select rolname from pg_roles where rolname in ('tenantlab_worker', 'tenantlab_owner')
 order by rolname desc;
+
+-- Run by tenantlab.db.ensure_roles first: what the admin may do, to name what it lacks.
+-- name: admin_privileges
+select current_user as admin, rolsuper as superuser, rolcreaterole as createrole,
+       rolcreatedb as createdb, pg_has_role(current_user, 'pg_monitor', 'USAGE') as pg_monitor
+from pg_roles where rolname = current_user;

@@ -24,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from . import queries, settings
+from .errors import TenantlabError
 from .server import ServerNotRunning, embedded, home
 
 if TYPE_CHECKING:
@@ -135,8 +136,23 @@ def ensure_template(dsn: str | None = None) -> str:
 _roles_ready: set[str] = set()
 
 
+class MissingPrivilege(TenantlabError):
+    """The admin role lacks what the kit needs to set itself up."""
+
+
 def ensure_roles(admin: psycopg.Connection, dsn: str) -> None:
     """Create the owner and worker roles if needed, and set the worker's password (again)."""
+    with admin.cursor(row_factory=dict_row) as cur:
+        can = cur.execute(queries.q("admin_privileges")).fetchone() or {}
+    if not can.get("superuser"):
+        lacks = [p.upper() for p in ("createrole", "createdb") if not can.get(p)]
+        if lacks:
+            raise MissingPrivilege(
+                f"the admin role {can.get('admin')!r} lacks {' and '.join(lacks)}: the kit needs a "
+                "superuser, or a role with CREATEROLE and CREATEDB (a managed service's admin)")
+        if not can.get("pg_monitor"):
+            log.warning("the admin role %s is not a member of pg_monitor: the monitors may not "
+                        "see other roles' sessions", can.get("admin"))
     admin.execute(queries.q("create_roles"))
     admin.execute(
         sql.SQL("alter role {} password {}").format(
