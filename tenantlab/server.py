@@ -178,6 +178,12 @@ class Server:
                 return -1
         return None
 
+    def _pidfile_port(self) -> int | None:
+        try:
+            return int((self.data / "postmaster.pid").read_text().splitlines()[3])
+        except (OSError, IndexError, ValueError):
+            return None
+
     def port(self) -> int | None:
         try:
             return int(self.port_file.read_text())
@@ -218,6 +224,10 @@ class Server:
                     f"data directory {self.data} is from PostgreSQL {data_major}, the binaries are "
                     f"{bin_major}: remove it (`tenantlab down --purge`) or set TENANTLAB_HOME")
         if (stale := self.stale_pidfile()) is not None:
+            if alive(stale) and (named := self._pidfile_port()) and not port_free(named):
+                # Alive, not answering, its port still bound: a server starting or stopping.
+                raise ServerError(f"a postgres (pid {stale}) seems to be starting or stopping in "
+                                  f"{self.data}: wait and retry, or stop it (`tenantlab down`)")
             log.warning("removing stale pid file %s (pid %s is not a running postgres)",
                         self.data / "postmaster.pid", stale)
             (self.data / "postmaster.pid").unlink()

@@ -150,3 +150,20 @@ def test_down_and_clean_refuse_while_a_lab_runs(home: Path) -> None:
                           capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert not home.exists()
+
+
+def test_a_live_pid_file_with_its_port_bound_is_not_deleted(home: Path) -> None:
+    """A postgres starting or stopping: alive, not answering yet, its port bound. Keep its pid file."""
+    server = Server(home)
+    server.up(port=free_port())
+    server.down()
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        bound.listen()
+        port = bound.getsockname()[1]
+        pidfile = home / "data" / "postmaster.pid"
+        pidfile.write_text(f"{os.getpid()}\n{home / 'data'}\n0\n{port}\n{home / 'nowhere'}\n")
+        with pytest.raises(Exception, match="seems to be starting or stopping"):
+            server.up()
+        assert pidfile.exists()
+    pidfile.unlink()
