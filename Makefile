@@ -93,9 +93,14 @@ lock: $(PYTHON_STAMP)
 # Wherever the state lives (.tenantlab, or /var/lib/tenantlab/home-* for a root checkout the
 # server user cannot enter, or TENANTLAB_HOME): `tenantlab down --purge` knows, and refuses
 # while a lab is running on it.
+# Without .venv: tenantlab.server alone (standard library only), not the package's __init__.
+STATE_HOME_PY := import sys, types; pkg = types.ModuleType("tenantlab"); \
+  pkg.__path__ = ["tenantlab"]; sys.modules["tenantlab"] = pkg; \
+  from tenantlab.server import home; print(home())
+
 clean:
 	@if [ -x $(VENV)/bin/tenantlab ]; then $(VENV)/bin/tenantlab down --purge || exit 1; \
-	elif home="$$(python3 -c 'import sys; sys.path.insert(0, "."); from tenantlab.server import home; print(home())' 2>/dev/null)"; then \
+	elif home="$$(python3 -c '$(STATE_HOME_PY)' 2>/dev/null)"; then \
 	  if [ -e "$$home/data/postmaster.pid" ]; then \
 	    echo "a server may still run in $$home and .venv is gone: stop it with pg_ctl, then remove $$home" >&2; exit 1; fi; \
 	  rm -rf "$$home"; fi
