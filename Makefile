@@ -8,9 +8,10 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 PYTHON_STAMP := $(VENV)/.python
 LAB_STAMP := $(VENV)/.lab-installed
 DEV_STAMP := $(VENV)/.dev-installed
-# `make lab PORT=8890 DB_PORT=54400`: JupyterLab's port and the embedded server's.
-PORT ?=
-DB_PORT ?=
+# `make lab PORT=8890 DB_PORT=54400`: JupyterLab's port and the embedded server's. Only from
+# make's command line: a PORT exported for some web application must not move the lab.
+LAB_ARGS := $(if $(filter command line,$(origin PORT)),--port $(PORT)) \
+            $(if $(filter command line,$(origin DB_PORT)),--db-port $(DB_PORT))
 
 # A Python >= 3.12: python3.13, python3.12, python3, one that uv or pyenv installed.
 FIND_PYTHON := for c in python3.14 python3.13 python3.12 python3 \
@@ -66,7 +67,7 @@ strip-outputs:
 venv: $(DEV_STAMP)
 
 lab: $(LAB_STAMP)
-	$(VENV)/bin/tenantlab lab $(if $(PORT),--port $(PORT)) $(if $(DB_PORT),--db-port $(DB_PORT))
+	$(VENV)/bin/tenantlab lab $(LAB_ARGS)
 
 test: $(DEV_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

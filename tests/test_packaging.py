@@ -119,3 +119,17 @@ def test_lock_files_pin_every_dependency_within_its_range() -> None:
     make = (ROOT / "Makefile").read_text()
     assert "uv pip compile" in make and "-r requirements.lock" in make
     assert "-r requirements-dev.lock" in make
+
+
+def test_make_lab_passes_its_ports_only_from_the_command_line() -> None:
+    import os
+    import subprocess
+
+    def lab_line(*args: str, **env: str) -> str:
+        done = subprocess.run(["make", "-n", "lab", *args], cwd=ROOT, capture_output=True,
+                              text=True, env=dict(os.environ, **env), timeout=60)
+        return [ln for ln in done.stdout.splitlines() if "tenantlab lab" in ln][-1]
+
+    assert lab_line("PORT=8890", "DB_PORT=54400").split()[-4:] == \
+        ["--port", "8890", "--db-port", "54400"]
+    assert "--port" not in lab_line(PORT="9999")  # an exported PORT belongs to something else
