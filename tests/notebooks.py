@@ -39,11 +39,13 @@ def errors(nb: nbformat.NotebookNode) -> list[str]:
 
 
 def printed(nb: nbformat.NotebookNode) -> str:
-    """Return everything the executed notebook's cells printed (stdout and stderr)."""
+    """Return everything the executed notebook's cells printed or showed as plain text."""
     return "\n".join(
-        o.get("text", "")
+        o.get("text", "") if o.get("output_type") == "stream"
+        else o.get("data", {}).get("text/plain", "")
         for c in nb.cells if c.cell_type == "code"
-        for o in c.get("outputs", []) if o.get("output_type") == "stream"
+        for o in c.get("outputs", []) if o.get("output_type") in
+        ("stream", "display_data", "execute_result")
     )
 
 
