@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from . import db
-from .finding import plain
 from .experiments import REGISTRY, get
+from .finding import plain
 
 
 def run(ids: list[str] | None = None, full: bool = False, echo: bool = True) -> dict[str, Any]:
