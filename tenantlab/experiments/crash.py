@@ -108,8 +108,7 @@ def run_leased(run: WorkersRun, *, max_attempts: int, lease: float, restart_afte
             "attempts": crash["attempts"], "lease_expired": bool(crash["lease_expired"]),
             "next_job_ran": before[NEXT]["status"] == "done",
             "visible_right_after_crash": any(visible_after_crash),
-            "reaped": [r["id"] for r in reaped], "status_after_reap": after["status"],
-            "lease": lease, "restart_after": restart_after, "max_attempts": max_attempts}
+            "reaped": [r["id"] for r in reaped], "status_after_reap": after["status"]}
 
 
 def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
@@ -167,9 +166,9 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
                   _ran(s["next_job_ran"])),
         ]
     if lz := measured.get("leased"):
-        most = lz.get("max_attempts", k.max_attempts)
+        most = k.max_attempts
         # Restarted after the lease: every next worker claims it again, until max attempts.
-        reclaims = lz.get("restart_after", k.restart_after) > lz.get("lease", k.lease)
+        reclaims = k.restart_after > k.lease
         crashes_ok = lz["crashes"] == most if reclaims else 1 <= lz["crashes"] <= most
         final = "dead" if reclaims or (lz["lease_expired"] and lz["attempts"] >= most) \
             else "running"
