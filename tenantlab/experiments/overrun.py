@@ -269,10 +269,12 @@ def _as_article(name: str, m: dict[str, Any]) -> bool:
 
 
 def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
-    """Judge each variant that ran: at the article's durations, its counts against the article's;
-    at other durations (or the explorer's switches), its outcome against ``expect``.
+    """Judge each variant that ran against the article's counts, or elsewhere against ``expect``.
 
-    At the article's setup all five variants must have run.
+    At the article's durations a named variant's counts (and, for the stuck ones, its story) must
+    be the article's; at other durations, or for the explorer's switches, its outcome must be
+    the one ``expect`` predicts (either outcome when too close to call). At the article's setup
+    all five variants must have run.
     """
     k = knobs or Knobs()
     article_seconds = measured.get("settings", k.seconds()) == Knobs().seconds()
@@ -280,27 +282,32 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
     checks = []
     for name in measured["executions"]:
         v = by_name.get(name) or variant(name)
-        got = (f"{measured['verdicts'][name]}: {measured['executions'][name]} executions, "
-               f"{measured['completions'][name]} completions{_story(name, measured)}")
+        counts = _counts(measured["executions"][name], measured["completions"][name])
         want = expected_counts(name) if article_seconds and name in BY_NAME else None
         if want is not None:
-            expected = (f"{verdict_of(want['executions'], want['completions'])}: "
-                        f"{want['executions']} executions, {want['completions']} completions"
-                        + {"max_runtime": "; abandoned, taken over, fenced",
-                           "stuck": "; beats, never taken over"}.get(name, ""))
+            expected = _counts(want["executions"], want["completions"]) + {
+                "max_runtime": "; abandoned, taken over, fenced",
+                "stuck": "; beats, never taken over"}.get(name, "")
+            got = counts + _story(name, measured)
             checks.append(check(v.title or v.label, _as_article(name, measured), expected, got))
             continue
         outcome, why = expect(v, k)
         possible = {outcome} if outcome else {VERDICTS[(1, 1)],
                                              VERDICTS[(2, 1) if v.fence else (2, 2)]}
         checks.append(check(v.title or v.label, measured["verdicts"][name] in possible,
-                            f"{outcome or 'either (too close to call)'}: {why}", got))
+                            f"{outcome or 'either (too close to call)'}: {why}",
+                            f"{measured['verdicts'][name]}: {counts}"))
     if k.is_article_setup():
         missing = [n for n in BY_NAME if n not in measured["executions"]]
         if missing:
             checks.append(check("every variant ran", False, ", ".join(BY_NAME),
                                 f"missing: {', '.join(missing)}"))
     return Verdict.of(checks, article=k.is_article_setup())
+
+
+def _counts(executions: int, completions: int) -> str:
+    return (f"{executions} execution{'s' * (executions != 1)}, "
+            f"{completions} completion{'s' * (completions != 1)}")
 
 
 def _story(name: str, m: dict[str, Any]) -> str:
