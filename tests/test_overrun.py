@@ -135,6 +135,14 @@ def test_judge_at_the_article_setup_needs_every_variant() -> None:
     assert not overrun.judge(m, overrun.Knobs(variants=("fence",))).checks[0].ok
 
 
+def test_gantt_has_both_worker_rows_and_one_legend_entry_per_colour() -> None:
+    spec = charts.chart(overrun.segments([], t0=0.0, now=1.0)).to_dict()
+    layers = [layer["encoding"] for layer in spec["layer"]]
+    assert all(e["y"]["scale"]["domain"] == list(overrun.WORKERS) for e in layers)
+    colours = layers[0]["color"]["scale"]["range"]
+    assert len(set(colours)) == len(colours)
+
+
 def test_expectations_follow_the_knobs() -> None:
     s = overrun.Knobs()
     v = overrun.BY_NAME
