@@ -7,6 +7,7 @@ outside a notebook (nothing is displayed, the data is returned).
 from __future__ import annotations
 
 import html
+import time
 from typing import Any
 
 import altair as alt
@@ -61,11 +62,16 @@ def chart(df: pd.DataFrame) -> alt.TopLevelMixin:
 
 
 class Live:
-    """A chart and, below it, the monitor's table, redrawn after every block."""
+    """A chart and, below it, the monitor's table, redrawn after every block.
 
-    def __init__(self) -> None:
+    The chart is redrawn at most every ``every`` seconds (and by ``finish()``): one redraw
+    costs a quarter of a second, a block sometimes less.
+    """
+
+    def __init__(self, every: float = 2.0) -> None:
         self.chart = nb.LiveChart(chart)
         self.rows: list[dict[str, Any]] = []
+        self.every, self.drawn = every, 0.0
         self.monitor = None
         if nb.in_notebook():
             import ipywidgets as w
@@ -79,9 +85,15 @@ class Live:
         sample = row.pop("sample")
         row.pop("pids", None)
         self.rows.append(dict(row, variant=row.get("variant", variant)))
-        self.chart.update(pd.DataFrame(self.rows))
+        if time.monotonic() - self.drawn >= self.every:
+            self.finish()
         if self.monitor is not None:
             self.monitor.value = monitor_html(sample, row)
+
+    def finish(self) -> None:
+        """Redraw the chart with every block so far."""
+        self.chart.update(pd.DataFrame(self.rows))
+        self.drawn = time.monotonic()
 
     def data(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
@@ -107,8 +119,11 @@ def run_live(full: bool = False) -> Result:
     """Run the article's runs with a progress bar, one live chart and the monitor."""
     knobs = horizon.Knobs.full() if full else horizon.Knobs()
     live = Live()
-    with nb.progress(horizon.blocks(knobs), "blocks") as bar:
-        return horizon.run(knobs, live=live, progress=bar)
+    try:
+        with nb.progress(horizon.blocks(knobs), "blocks") as bar:
+            return horizon.run(knobs, live=live, progress=bar)
+    finally:
+        live.finish()
 
 
 def drain_live(variant: str = "held", progress: nb.Progress | None = None,
@@ -120,7 +135,10 @@ def drain_live(variant: str = "held", progress: nb.Progress | None = None,
         live(dict(row, variant=variant))
         if progress is not None:
             progress()
-    return horizon.drain(watch=watch, **params)
+    try:
+        return horizon.drain(watch=watch, **params)
+    finally:
+        live.finish()
 
 
 def timeout_demo(timeout: float = 1.0, jobs: int = 6_000, block: int = 500) -> Any:
