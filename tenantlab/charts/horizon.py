@@ -169,19 +169,24 @@ def explain_table(res: Result) -> Any:
         f"{horizon.ARTICLE['explain_at']:,} in the article")
 
 
+#: The runs as the measurement table names them (short: the table must fit the screen).
+RUNS = {"free": "nobody holding", "held": "held (its held blocks)",
+        "done_status": "status 'done', held", "repeatable_read": "REPEATABLE READ, held",
+        "release": "held, then released"}
+WRAP = [{"selector": "th", "props": "white-space: normal; max-width: 8em"}]
+
+
 def table(res: Result) -> Any:
     """Return one row per run: first and last block median, growth, slope, buffers."""
     assert res.table is not None
-    names = {**LABELS, "held": "a transaction with an id (held blocks)",
-             "release": "the same run, with its last block after the release"}
     t = res.table
     return pd.DataFrame({
-        "run": [names[k] for k in t.index], "jobs": t["jobs"].astype(int),
+        "run": [RUNS[k] for k in t.index], "jobs": t["jobs"].astype(int),
         "first block (ms)": t["first_ms"], "last block (ms)": t["last_ms"],
         "growth": t["growth"], "ms per 10,000 jobs": t["ms_per_10k"],
         "buffers at the end": t["buffers_at_end"].astype(int),
         "blocks with a foreign holder": t["foreign_blocks"].astype(int),
-    }).style.hide(axis="index").format({
+    }).style.hide(axis="index").set_table_styles(WRAP).format({
         "first block (ms)": "{:.3f}", "last block (ms)": "{:.3f}", "growth": "×{:.2f}",
         "ms per 10,000 jobs": "{:.3f}", "jobs": "{:,}"})
 

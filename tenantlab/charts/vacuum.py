@@ -14,6 +14,8 @@ from ..finding import Result
 ORDER = [v.label for v in vacuum.VARIANTS]
 DEAD, REMOVED = "dead, not yet removable", "removed (or pruned)"
 COLORS = {DEAD: "#d62728", REMOVED: "#2ca02c"}
+#: Headers wrap: a table must fit a 1280 px screen with the file browser open.
+WRAP = [{"selector": "th", "props": "white-space: normal; max-width: 8em"}]
 
 
 def chart(df: pd.DataFrame) -> alt.TopLevelMixin:
@@ -87,8 +89,8 @@ def table(res: Result) -> Any:
         "the article": df["expected_holds_back"].map({True: "holds back", False: "holds nothing"}),
         "here": df["holds_back"].map({True: "holds back", False: "holds nothing"}),
         "short jobs (s)": df["seconds"],
-    }).style.hide(axis="index").format({"short jobs (s)": "{:.2f}",
-                                        "dead, not removable": "{:,}", "removed": "{:,}"})
+    }).style.hide(axis="index").set_table_styles(WRAP).format(
+        {"short jobs (s)": "{:.2f}", "dead, not removable": "{:,}", "removed": "{:,}"})
 
 
 def explorer() -> Any:
