@@ -15,6 +15,7 @@ import altair as alt
 import pandas as pd
 
 from . import db, settings
+from .finding import Knobs, Result
 from .server import ServerNotRunning
 
 #: "workshop" (default) or "full": the article's sizes. CI and the browser test use "workshop".
@@ -46,7 +47,32 @@ def setup() -> Lab:
         ) from None
     db.ensure_template(dsn)
     _offline_charts()
+    _tables()
     return Lab(dsn=dsn, version=version)
+
+
+def _tables() -> None:
+    # Evidence is never cut with "…": a long text wraps inside its column instead.
+    pd.set_option("display.max_colwidth", None)
+    pd.set_option("display.max_rows", 200)
+    if in_notebook():
+        from IPython.display import HTML, display
+
+        display(HTML("<style>.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th "
+                     "{white-space: normal; max-width: 28em; text-align: left;}</style>"))
+
+
+def table(df: pd.DataFrame) -> Any:
+    """Return df for display without its index column and with missing values as blanks."""
+    return df.style.hide(axis="index").format(_number, na_rep="")
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:,.0f}"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return _cell(value)
 
 
 def _offline_charts() -> None:
@@ -192,3 +218,97 @@ def verdict(ok: bool, expected: str, measured: str) -> str:
     """Return the line printed beside a chart: what was expected, what was measured, agreed?"""
     mark = "✓ as the article says" if ok else "✗ NOT as the article says"
     return f"{mark}: expected {expected}; measured {measured}"
+
+
+def article(finding: str) -> Any:
+    """Return the article's numbers for a finding as a two-column table (what, the article)."""
+    from .experiments import get
+
+    return _flat(get(finding).article, "the article")
+
+
+def measured(result: Result) -> Any:
+    """Return what ``tenantlab reproduce`` reports from this run, as a two-column table."""
+    return _flat(result.measured, "measured here")
+
+
+def _flat(data: dict[str, Any], column: str) -> Any:
+    rows: list[dict[str, str]] = []
+
+    def walk(path: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{path}: {k}" if path else str(k), v)
+        else:
+            rows.append({"what": path.replace("_", " "), column: _cell(value)})
+
+    walk("", data)
+    return pd.DataFrame(rows, columns=["what", column]).style.hide(axis="index")
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list | tuple):
+        return ", ".join(_cell(v) for v in value)
+    return "—" if value is None else str(value)
+
+
+def controls(knobs: Knobs) -> dict[str, Any]:
+    """Return one widget per knob that has a range or choices: sliders, checkboxes, dropdowns."""
+    import ipywidgets as w
+
+    style = {"description_width": "initial"}
+    layout = w.Layout(width="300px", min_width="240px")
+    out: dict[str, Any] = {}
+    for c in knobs.controls():
+        value, label = c["value"], c["label"]
+        if isinstance(value, bool):
+            out[c["name"]] = w.Checkbox(value=value, description=label, style=style,
+                                        layout=w.Layout(width="auto"))
+        elif c["choices"]:
+            out[c["name"]] = w.Dropdown(options=list(c["choices"]), value=value,
+                                        description=label, style=style, layout=layout)
+        elif isinstance(value, int):
+            out[c["name"]] = w.IntSlider(value=value, min=int(c["lo"]), max=int(c["hi"]),
+                                         step=int(c["step"] or 1), description=label,
+                                         style=style, layout=layout)
+        else:
+            out[c["name"]] = w.FloatSlider(value=value, min=c["lo"], max=c["hi"],
+                                           step=c["step"] or 0.1, description=label,
+                                           style=style, layout=layout)
+    return out
+
+
+def explorer(finding: str, show_result: Callable[[Result], Any] | None = None,
+             live: Callable[[], Any] | None = None, per_row: int = 3) -> Any:
+    """Return the finding's knobs as controls, a Run button, and below it the run's evidence.
+
+    The controls come from the finding's ``Knobs``; Run makes one live run with their values
+    and shows the live chart (``live()``), the verdict box, and ``show_result(result)``.
+    """
+    from IPython.display import display
+
+    from .experiments import get
+
+    entry = get(finding)
+    knobs = entry.knobs(full())
+    widgets = controls(knobs)
+
+    def action() -> None:
+        chosen = type(knobs).of(full(), **{k: c.value for k, c in widgets.items()})
+        chart = live() if live else None
+        if chart is not None:
+            display(chart)
+        res = entry.run(chosen, live=chart)
+        display(res.verdict)
+        if show_result is not None:
+            display(show_result(res))
+
+    items = list(widgets.values())
+    rows = [items[i:i + per_row] for i in range(0, len(items), per_row)] or [[]]
+    return run_panel(rows, action)

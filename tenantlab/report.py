@@ -132,6 +132,19 @@ table {{ border-collapse: collapse; }} td, th {{ padding: .2rem .6rem; text-alig
 """
 
 
+def _checks(verdict: dict[str, Any] | None) -> str:
+    """Render a finding's verdict checks (``reproduce --json``'s ``verdict``) as a table."""
+    if not verdict:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{html.escape(c['expected'])}</td>"
+        f"<td>{html.escape(c['measured'])}</td>"
+        f"<td class=\"{'yes' if c['ok'] else 'no'}\">{'✓' if c['ok'] else '✗'}</td></tr>"
+        for name, c in verdict["checks"].items())
+    return (f"<table class=\"checks\"><tr><th>check</th><th>{html.escape(verdict['against'])}</th>"
+            f"<th>measured here</th><th></th></tr>{rows}</table>")
+
+
 def write(result: dict[str, Any], path: str | Path) -> None:
     """Write the report page for a `reproduce.run` result."""
     rows, sections = [], []
@@ -144,6 +157,7 @@ def write(result: dict[str, Any], path: str | Path) -> None:
             f'<section id="{finding}"><h2>{finding} {mark}</h2>'
             f"<p><b>The article:</b> {html.escape(f['claim'])}</p>"
             f"<p><b>Measured here:</b> {html.escape(f.get('summary', ''))}</p>"
+            f"{_checks(f.get('verdict'))}"
             f"{svg(finding, f['measured'])}"
             f"<details><summary>measured values</summary><pre>"
             f"{html.escape(json.dumps(f['measured'], indent=2, default=str))}</pre></details>"

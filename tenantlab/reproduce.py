@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from . import db
-from .experiments import FINDINGS, module
+from .experiments import REGISTRY, get
+from .finding import plain
 
 
 def run(ids: list[str] | None = None, full: bool = False, echo: bool = True) -> dict[str, Any]:
     """Run the given findings (all when empty); return the JSON document of DESIGN.md."""
-    ids = list(ids or FINDINGS)
-    for finding in ids:
-        module(finding)  # fail on an unknown id before anything runs
+    entries = [get(finding) for finding in (ids or REGISTRY)]  # unknown ids fail before a run
     result: dict[str, Any] = {
         "server_version": db.server_version(),
         "full": full,
@@ -26,19 +25,20 @@ def run(ids: list[str] | None = None, full: bool = False, echo: bool = True) -> 
         "packages": _versions(),
         "findings": {},
     }
-    for finding in ids:
-        mod = module(finding)
+    for entry in entries:
         if echo:
-            print(f"{finding}: running ...", file=sys.stderr, flush=True)
+            print(f"{entry.id}: running ...", file=sys.stderr, flush=True)
         started = time.perf_counter()
-        outcome = mod.reproduce(full=full)
-        result["findings"][finding] = {
-            "claim": mod.CLAIM,
-            "reproduced": bool(outcome["reproduced"]),
-            "measured": outcome["measured"],
-            "summary": outcome.get("summary", ""),
-            "article": mod.ARTICLE,
+        res = entry.run(full=full)
+        result["findings"][entry.id] = {
+            "claim": entry.claim,
+            "reproduced": res.verdict.valid,
+            "measured": plain(res.measured),
+            "summary": res.summary or res.verdict.line(),
+            "article": entry.article,
             "seconds": round(time.perf_counter() - started, 2),
+            "verdict": res.verdict.to_json(),
+            "knobs": plain(res.knobs.as_dict()),
         }
     return result
 

@@ -5,35 +5,41 @@ from __future__ import annotations
 import pytest
 
 from notebooks import run_clean
+from tenantlab import reproduce
 from tenantlab.experiments import poison
 
 pytestmark = pytest.mark.slow
 
 
 def test_poison_reproduces_with_real_workers(admin_dsn: str) -> None:
-    res = poison.run(fetches=10, max_attempts=3)
-    s = res.summary
+    res = poison.run(poison.Knobs(fetches=10, max_attempts=3))
+    s = res.measured
     assert (s["unhandled"]["picked"], s["unhandled"]["attempts"],
             s["unhandled"]["job_runs"], s["unhandled"]["next_job_ran"]) == (10, 0, 0, False)
     assert (s["handled"]["status"], s["handled"]["attempts"], s["handled"]["next_job_ran"]) \
         == ("dead", 3, True)
     assert (s["leased"]["status"], s["leased"]["attempts"], s["leased"]["next_job_ran"]) \
         == ("dead", 3, True)
-    assert poison.check(s) == {"unhandled": True, "handled": True, "leased": True}
+    assert res.verdict.valid and res.verdict.against == "the article"
+    assert [c.ok for c in res.verdict.checks] == [True] * 7
     # Every claim the worker made is on the timeline; the unhandled ones left no row behind.
     claims = res.events[(res.events.worker == "unhandled") & (res.events.event == "claim")]
     assert len(claims) == 10
 
 
 def test_poison_max_attempts_is_a_knob(admin_dsn: str) -> None:
-    s = poison.run(fetches=6, max_attempts=2, variants=("handled",), backoff=False).summary
+    res = poison.run(poison.Knobs(fetches=6, max_attempts=2, variants=("handled",),
+                                  backoff=False))
+    s = res.measured
+    assert res.verdict.valid and res.verdict.against == "the expectation"
     assert (s["handled"]["status"], s["handled"]["attempts"], s["handled"]["picked"]) \
         == ("dead", 2, 2)
 
 
 def test_reproduce_poison_keys(admin_dsn: str) -> None:
-    out = poison.reproduce()
+    out = reproduce.run(["poison"], echo=False)["findings"]["poison"]
     assert out["reproduced"] is True
+    assert out["verdict"]["valid"] is True
     assert set(out["measured"]["unhandled"]) >= {"picked", "attempts", "job_runs", "next_job_ran"}
     assert set(out["measured"]["handled"]) >= {"status", "attempts", "next_job_ran"}
 

@@ -1,36 +1,81 @@
-"""One module per finding id; ``FINDINGS`` lists them in the article's order.
+"""The registry of findings: one entry per finding id, in the article's order.
 
-A finding module defines:
-
-- ``CLAIM``: the article's claim in one sentence;
-- ``ARTICLE``: the article's numbers, as a dict (what ``reproduce --json`` shows beside ours);
-- ``reproduce(full: bool = False) -> dict`` returning ``{"measured": {...}, "reproduced": bool,
-  "summary": "one line of what was measured here"}``, computed from a live run.
-
-Notebooks, tests and ``tenantlab reproduce`` call the same experiment functions.
+Every finding module keeps the contract of :mod:`tenantlab.finding` (``CLAIM``, ``ARTICLE``,
+``Knobs``, ``run``, ``judge``). ``reproduce``, the report, the notebooks' verdict cells, the
+explorers and the tests reach a finding through :func:`get`; a new finding is one module, one
+notebook and one line in ``REGISTRY``.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
-# finding id -> module name under tenantlab.experiments, in the article's order.
-FINDINGS: dict[str, str] = {
-    "leak": "leak",
-    "reset": "reset",
-    "poison": "poison",
-    "crash": "crash",
-    "overrun": "overrun",
-    "vacuum": "vacuum",
-    "horizon": "horizon",
-    "rls-jobs": "rls_jobs",
-}
+from ..finding import Knobs, Result
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered finding: its id, module and notebook."""
+
+    id: str
+    module_name: str
+    notebook: str
+
+    @property
+    def module(self) -> ModuleType:
+        return importlib.import_module(f"{__name__}.{self.module_name}")
+
+    @property
+    def claim(self) -> str:
+        return str(self.module.CLAIM)
+
+    @property
+    def article(self) -> dict[str, Any]:
+        return dict(self.module.ARTICLE)
+
+    def knobs(self, full: bool = False, **overrides: Any) -> Knobs:
+        """Return this finding's knobs: workshop size (or the article's), some values changed."""
+        kind: type[Knobs] = self.module.Knobs
+        return kind.of(full, **overrides)
+
+    def run(self, knobs: Knobs | None = None, *, full: bool = False, live: Any = None,
+            progress: Any = None) -> Result:
+        """Run the finding's experiment once, live, and return its measured result."""
+        result: Result = self.module.run(knobs or self.knobs(full), live=live, progress=progress)
+        return result
+
+
+# finding id -> (module under tenantlab.experiments, notebook), in the article's order.
+REGISTRY: dict[str, Entry] = {e.id: e for e in (
+    Entry("leak", "leak", "01-tenant-context-leak.ipynb"),
+    Entry("reset", "reset", "02-cleanup-cost.ipynb"),
+    Entry("poison", "poison", "03-poison-pill.ipynb"),
+    Entry("crash", "crash", "04-worker-crash.ipynb"),
+    Entry("overrun", "overrun", "05-lease-overrun.ipynb"),
+    Entry("vacuum", "vacuum", "06-long-transactions-and-vacuum.ipynb"),
+    Entry("horizon", "horizon", "07-the-horizon-and-a-slow-queue.ipynb"),
+    Entry("rls-jobs", "rls_jobs", "08-rls-on-the-jobs-table.ipynb"),
+)}
+
+#: finding id -> module name (kept for callers of the first registry).
+FINDINGS: dict[str, str] = {k: e.module_name for k, e in REGISTRY.items()}
+
+
+class UnknownFinding(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def get(finding: str) -> Entry:
+    """Return the registered finding `finding`; an unknown id names the valid ones."""
+    if finding not in REGISTRY:
+        raise UnknownFinding(f"unknown finding {finding!r}; valid ids: {', '.join(REGISTRY)}")
+    return REGISTRY[finding]
 
 
 def module(finding: str) -> ModuleType:
     """Return the module of a registered finding id."""
-    if finding not in FINDINGS:
-        valid = ", ".join(FINDINGS) or "none registered yet"
-        raise KeyError(f"unknown finding {finding!r}; valid ids: {valid}")
-    return importlib.import_module(f"{__name__}.{FINDINGS[finding]}")
+    return get(finding).module

@@ -10,11 +10,12 @@ the queue moves on; the leased design counts at the claim and retries after a ba
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import pandas as pd
 
-from .. import queue
+from .. import finding, queue
+from ..finding import Result, Verdict, check, knob, plain
 from ..queries import q
 from ._workers import WorkersRun, workers_run
 
@@ -47,10 +48,14 @@ VARIANTS = {
 }
 
 
-class Result(NamedTuple):
-    table: pd.DataFrame  # one row per variant
-    summary: dict[str, Any]  # the measured values (JSON)
-    events: pd.DataFrame  # every worker event, for the timeline and the script
+@dataclass(frozen=True)
+class Knobs(finding.Knobs):
+    """One worker fetches up to `fetches` times; the article's setup is already this small."""
+
+    fetches: int = knob(10, lo=3, hi=20, label="fetches")
+    max_attempts: int = knob(3, lo=1, hi=6, label="max attempts")
+    backoff: bool = knob(True, label="backoff (leased)")
+    variants: tuple[str, ...] = knob(("unhandled", "handled", "leased"))
 
 
 def run_variant(run: WorkersRun, variant: Variant, *, fetches: int, max_attempts: int,
@@ -84,35 +89,32 @@ def run_variant(run: WorkersRun, variant: Variant, *, fetches: int, max_attempts
     }
 
 
-def run(*, full: bool = False, progress: Any = None, live: Any = None, fetches: int = 10,
-        max_attempts: int = 3, backoff: bool = True,
-        variants: tuple[str, ...] = ("unhandled", "handled", "leased")) -> Result:
+def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
     """Run each variant with one real worker process; return per-variant rows and events.
 
-    ``backoff`` spaces the leased design's retries (0.2 s doubling); ``full`` changes nothing:
-    the article's experiment is this small.
+    ``backoff`` spaces the leased design's retries (0.2 s doubling).
     """
-    unknown = [v for v in variants if v not in VARIANTS]
+    k = knobs or Knobs()
+    unknown = [v for v in k.variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variant {unknown[0]!r}; valid: {', '.join(VARIANTS)}")
-    if not 1 <= max_attempts <= 20 or fetches < 1:
+    if not 1 <= k.max_attempts <= 20 or k.fetches < 1:
         raise ValueError("max_attempts must be 1..20 and fetches at least 1")
     rows = []
     with workers_run("poison", live) as r:
-        for name in variants:
-            rows.append(run_variant(r, VARIANTS[name], fetches=fetches,
-                                    max_attempts=max_attempts, backoff=0.2 if backoff else 0.0))
+        for name in k.variants:
+            rows.append(run_variant(r, VARIANTS[name], fetches=k.fetches,
+                                    max_attempts=k.max_attempts,
+                                    backoff=0.2 if k.backoff else 0.0))
             if progress:
                 progress(1)
         ev = r.events()
     table = pd.DataFrame(rows).set_index("variant")
-    summary = {row["variant"]: {k: _plain(v) for k, v in row.items()
-                                if k not in ("variant", "label")} for row in rows}
-    return Result(table, summary, ev)
-
-
-def _plain(v: Any) -> Any:
-    return v.item() if hasattr(v, "item") else v
+    measured = {row["variant"]: {key: plain(v) for key, v in row.items()
+                                 if key not in ("variant", "label")} for row in rows}
+    verdict = judge(measured, k)
+    return Result("poison", k, measured, verdict, summary=_summary(measured), table=table,
+                  events=ev)
 
 
 def script(events: pd.DataFrame, variant: str) -> pd.DataFrame:
@@ -133,42 +135,39 @@ def script(events: pd.DataFrame, variant: str) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
-def check(summary: dict[str, Any]) -> dict[str, bool]:
-    """Return, per variant run, whether it behaved as the article says."""
-    out = {}
-    if u := summary.get("unhandled"):
-        out["unhandled"] = (u["picked"] == u["fetches"] and u["attempts"] == 0
-                            and u["job_runs"] == 0 and not u["next_job_ran"])
+def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
+    """Judge each variant that ran: unhandled never counted, handled and leased dead at max."""
+    k = knobs or Knobs()
+    checks = []
+    if u := measured.get("unhandled"):
+        checks += [
+            check("unhandled: picked every fetch", u["picked"] == u["fetches"],
+                  f"{u['fetches']} of {u['fetches']}", f"{u['picked']} of {u['fetches']}"),
+            check("unhandled: never counted", u["attempts"] == 0 and u["job_runs"] == 0,
+                  "attempts 0, job_runs 0",
+                  f"attempts {u['attempts']}, job_runs {u['job_runs']}"),
+            check("unhandled: the job behind it", not u["next_job_ran"], "never ran",
+                  "ran" if u["next_job_ran"] else "never ran"),
+        ]
     for name in ("handled", "leased"):
-        if h := summary.get(name):
-            out[name] = (h["status"] == "dead" and h["attempts"] == h["max_attempts"]
-                         and h["next_job_ran"])
-    return out
+        if h := measured.get(name):
+            checks += [
+                check(f"{name}: dead after max attempts",
+                      h["status"] == "dead" and h["attempts"] == h["max_attempts"],
+                      f"dead after {h['max_attempts']}", f"{h['status']} after {h['attempts']}"),
+                check(f"{name}: the job behind it", h["next_job_ran"], "ran",
+                      "ran" if h["next_job_ran"] else "never ran"),
+            ]
+    return Verdict.of(checks, article=k.is_article_setup())
 
 
-def verdict(summary: dict[str, Any]) -> tuple[bool, str, str]:
-    """Return (agrees, expected, measured) for nb.verdict."""
-    u, h = summary.get("unhandled", {}), summary.get("handled", {})
-    measured = (f"unhandled: picked {u.get('picked')} of {u.get('fetches')}, attempts "
-                f"{u.get('attempts')}, job_runs {u.get('job_runs')}, next job ran "
-                f"{u.get('next_job_ran')}; handled: {h.get('status')} after {h.get('attempts')}, "
-                f"next job ran {h.get('next_job_ran')}")
-    if lz := summary.get("leased"):
-        measured += f"; leased: {lz['status']} after {lz['attempts']}, next ran {lz['next_job_ran']}"
-    expected = ("unhandled: picked every fetch, never counted, no job_runs, next job never ran; "
-                "handled: dead after max attempts, next job ran")
-    return all(check(summary).values()), expected, measured
-
-
-def reproduce(full: bool = False) -> dict[str, Any]:
-    """Run unhandled and handled with the article's numbers (and leased beside them)."""
-    res = run(full=full)
-    s = res.summary
-    measured = {
-        "unhandled": {k: s["unhandled"][k] for k in ("picked", "attempts", "job_runs",
-                                                     "next_job_ran")},
-        "handled": {k: s["handled"][k] for k in ("status", "attempts", "next_job_ran")},
-        "leased": {k: s["leased"][k] for k in ("status", "attempts", "next_job_ran")},
-    }
-    ok, _, text = verdict(s)
-    return {"measured": measured, "reproduced": ok, "summary": text}
+def _summary(m: dict[str, Any]) -> str:
+    parts = []
+    if u := m.get("unhandled"):
+        parts.append(f"unhandled: picked {u['picked']} of {u['fetches']}, attempts {u['attempts']}, "
+                     f"job_runs {u['job_runs']}, next job ran {u['next_job_ran']}")
+    for name in ("handled", "leased"):
+        if h := m.get(name):
+            parts.append(f"{name}: {h['status']} after {h['attempts']}, next job ran "
+                         f"{h['next_job_ran']}")
+    return "; ".join(parts)

@@ -1,0 +1,229 @@
+"""The contract every finding module keeps: claim, article, knobs, run, verdict.
+
+A finding module (``tenantlab/experiments/<id>.py``) defines:
+
+- ``CLAIM``: the article's claim in one sentence (or what the kit claims, beyond the article);
+- ``ARTICLE``: the article's numbers, a JSON-able dict (``{}`` when the article has none);
+- ``Knobs``: a frozen dataclass of this module's :class:`Knobs` kind; its defaults are the
+  workshop size and ``Knobs.full()`` the article's sizes; fields made with :func:`knob` carry
+  the range a slider offers;
+- ``run(knobs=None, *, live=None, progress=None) -> Result``: one live measurement;
+- ``judge(measured, knobs) -> Verdict``: named checks over the measured values alone, so a
+  verdict can be recomputed from a ``reproduce --json`` file.
+
+The registry (``tenantlab.experiments.REGISTRY``) lists the ids once; ``reproduce``, the report,
+the notebooks' verdict cells, the explorers and the tests go through it. Jepsen's
+``{:valid? ...}`` map is the model for :class:`Verdict`: every check says what was expected,
+what was measured, and whether they agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self
+
+import pandas as pd
+
+OK, NOT_OK = "✓", "✗"
+
+
+def knob(default: Any, *, full: Any = None, lo: float | None = None, hi: float | None = None,
+         step: float | None = None, label: str = "", choices: tuple[Any, ...] = ()) -> Any:
+    """Return a dataclass field for a knob: its workshop default, article size, and slider range.
+
+    ``lo``/``hi``/``step`` make a slider (ints for an int default); ``choices`` a dropdown; a
+    bool default a checkbox; a knob with neither range nor choices gets no control.
+    """
+    meta = {"full": default if full is None else full, "lo": lo, "hi": hi, "step": step,
+            "label": label, "choices": choices}
+    if isinstance(default, list | dict | set):
+        raise TypeError("a knob's default must be immutable (use a tuple)")
+    return field(default=default, metadata={"knob": meta})
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Base of every finding's knobs: the defaults are the workshop size."""
+
+    #: True when the values are the article's own setup (a verdict then speaks of the article).
+    ARTICLE_SETUP: ClassVar[bool] = True
+
+    @classmethod
+    def full(cls) -> Self:
+        """Return the knobs at the article's sizes."""
+        return cls(**{f.name: f.metadata["knob"]["full"] for f in dataclasses.fields(cls)
+                      if "knob" in f.metadata})
+
+    @classmethod
+    def of(cls, full: bool = False, **overrides: Any) -> Self:
+        """Return workshop (or full) knobs with some values changed; unknown names fail."""
+        base = cls.full() if full else cls()
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise TypeError(f"unknown knob {unknown[0]!r} for {cls.__qualname__}; "
+                            f"valid: {', '.join(sorted(names))}")
+        return dataclasses.replace(base, **overrides)
+
+    def is_article_setup(self) -> bool:
+        """Return True when every knob is at its workshop or article value."""
+        return self in (type(self)(), type(self).full())
+
+    def controls(self) -> list[dict[str, Any]]:
+        """Return, per knob with a control, its name, value, label, and range or choices."""
+        out = []
+        for f in dataclasses.fields(self):
+            meta = f.metadata.get("knob")
+            if not meta:
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or meta["choices"] or meta["lo"] is not None:
+                out.append({"name": f.name, "value": value, **meta,
+                            "label": meta["label"] or f.name.replace("_", " ")})
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One named check: what was expected, what was measured, and whether they agree."""
+
+    name: str
+    ok: bool
+    expected: str
+    measured: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Named checks over one run; valid when every check holds.
+
+    ``against``: what the checks compare with, "the article" for the article's own setup,
+    "the expectation" for a run with other knobs (the article never made that run).
+    """
+
+    checks: tuple[Check, ...]
+    against: str = "the article"
+
+    @classmethod
+    def of(cls, checks: Iterable[Check], *, article: bool = True) -> Verdict:
+        return cls(tuple(checks), "the article" if article else "the expectation")
+
+    @property
+    def valid(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    def __bool__(self) -> bool:
+        return self.valid
+
+    def headline(self) -> str:
+        """Return the one-line verdict: ✓ or ✗ and against what."""
+        if self.valid:
+            return f"{OK} as {self.against} says"
+        failed = [c.name for c in self.checks if not c.ok]
+        return f"{NOT_OK} NOT as {self.against} says ({', '.join(failed) or 'nothing measured'})"
+
+    def line(self) -> str:
+        """Return the headline and what was measured, as one line of plain text."""
+        return f"{self.headline()}: " + "; ".join(
+            f"{OK if c.ok else NOT_OK} {c.name}: {c.measured}" for c in self.checks)
+
+    __str__ = line
+
+    def table(self) -> pd.DataFrame:
+        """Return one row per check: check, expected, measured, ✓/✗."""
+        return pd.DataFrame(
+            [{"check": c.name, "expected": c.expected, "measured here": c.measured,
+              "": OK if c.ok else NOT_OK} for c in self.checks],
+            columns=["check", "expected", "measured here", ""])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"valid": self.valid, "against": self.against,
+                "checks": {c.name: {"ok": c.ok, "expected": c.expected, "measured": c.measured}
+                           for c in self.checks}}
+
+    def _repr_html_(self) -> str:
+        colour = "#1b7a2e" if self.valid else "#b3261e"
+        rows = "".join(
+            f"<tr><td style='text-align:left'>{html.escape(c.name)}</td>"
+            f"<td style='text-align:left'>{html.escape(c.expected)}</td>"
+            f"<td style='text-align:left'>{html.escape(c.measured)}</td>"
+            f"<td style='color:{'#1b7a2e' if c.ok else '#b3261e'}'>"
+            f"{OK if c.ok else NOT_OK}</td></tr>" for c in self.checks)
+        return (
+            f"<div class='tenantlab-verdict' style='border-left:6px solid {colour};"
+            "padding:.4em .8em;max-width:100%;box-sizing:border-box;overflow-wrap:anywhere'>"
+            f"<div style='font-weight:bold;color:{colour}'>{html.escape(self.headline())}</div>"
+            "<table style='table-layout:fixed;width:100%;border-collapse:collapse'>"
+            "<thead><tr><th style='text-align:left;width:22%'>check</th>"
+            f"<th style='text-align:left;width:35%'>{html.escape(self.against)}</th>"
+            "<th style='text-align:left;width:37%'>measured here</th>"
+            "<th style='width:6%'></th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></div>")
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.line())
+
+
+@dataclass
+class Result:
+    """One live run of a finding: its knobs, measured values (JSON), verdict and tables.
+
+    ``measured`` is what ``reproduce --json`` writes; ``table`` the tidy per-variant table a
+    notebook shows; ``events`` the workers' event log (a timeline), when workers ran;
+    ``data`` anything else the charts draw from (raw series, per-job rows).
+    """
+
+    finding: str
+    knobs: Knobs
+    measured: dict[str, Any]
+    verdict: Verdict
+    summary: str = ""
+    table: pd.DataFrame | None = None
+    events: pd.DataFrame | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reproduced(self) -> bool:
+        return self.verdict.valid
+
+    def _repr_html_(self) -> str:
+        return self.verdict._repr_html_()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.verdict.line())
+
+
+def plain(value: Any) -> Any:
+    """Return value as plain JSON data: numpy scalars to Python, whole floats kept as floats."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        return value.item()
+    return value
+
+
+def check(name: str, ok: bool, expected: Any, measured: Any) -> Check:
+    """Return a Check, with expected and measured turned into short text."""
+    return Check(name, bool(ok), _text(expected), _text(measured))
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if value.is_integer() and abs(value) >= 100 else f"{value:.3g}"
+    if isinstance(value, list | tuple):
+        return ", ".join(_text(v) for v in value)
+    if value is None:
+        return "—"
+    return str(value)
