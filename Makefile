@@ -45,7 +45,7 @@ reproduce: $(STAMP)
 	$(PY) tools/findings_matrix.py reproduce.json
 
 bench: $(STAMP)
-	$(PY) -m tenantlab.bench
+	$(VENV)/bin/tenantlab bench
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tenantlab tests

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import db, queue
+from .jobqueue.options import count
 from .queries import q
 
 DESIGNS: dict[str, Callable[[], queue.Design]] = {
@@ -76,14 +77,21 @@ def _settings(s: db.Scratch) -> dict[str, str]:
                 for name in ("fsync", "synchronous_commit")}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tenantlab.bench", description=__doc__)
-    p.add_argument("--jobs", type=int, default=2000, help="no-op jobs per run (default 2000)")
-    p.add_argument("--repeats", type=int, default=5, help="runs per design (default 5)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the benchmark's flags (``tenantlab bench``)."""
+    p.add_argument("--jobs", type=count("jobs"), default=2000, help="no-op jobs per run (default 2000)")
+    p.add_argument("--repeats", type=count("repeats"), default=5, help="runs per design (default 5)")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
-    args = p.parse_args(argv)
-    if args.jobs < 1 or args.repeats < 1:
-        p.error("--jobs and --repeats must be at least 1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tenantlab bench", description=__doc__)
+    add_arguments(p)
+    return cmd_bench(p.parse_args(argv))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run ``tenantlab bench`` with parsed arguments."""
     result = run(args.jobs, args.repeats,
                  progress=lambda name, rate: print(f"  {name:20} {rate:8.0f} jobs/s",
                                                    file=sys.stderr, flush=True))
