@@ -70,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="log every job (any position)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    dsn = {"default": os.environ.get(DSN_ENV),
+    dsn: dict[str, Any] = {"default": os.environ.get(DSN_ENV),
            "help": f"the database (default: ${DSN_ENV}); log in as an ordinary role"}
 
     run = sub.add_parser("worker", help="run jobs until stopped (the default command)")

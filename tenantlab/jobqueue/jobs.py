@@ -33,7 +33,7 @@ class Events(Protocol):
 
     worker: str
 
-    def emit(self, event: str, /, **fields: Any) -> None: ...
+    def emit(self, event: str, **fields: Any) -> None: ...
 
 
 class NullEvents:
@@ -42,7 +42,7 @@ class NullEvents:
     def __init__(self, worker: str = "worker") -> None:
         self.worker = worker
 
-    def emit(self, event: str, /, **fields: Any) -> None:
+    def emit(self, event: str, **fields: Any) -> None:
         pass
 
 

@@ -37,7 +37,7 @@ log = logging.getLogger(APP)
 EXIT_STOPPED, EXIT_CRASHED, EXIT_CONFIG, EXIT_SERVER_LOST = 0, 1, 2, 3
 
 #: Worker connections: TCP keepalives find a dead peer in about a minute instead of hours.
-CONNECT = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+CONNECT: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
            "keepalives_count": 3, "connect_timeout": 10}
 
 
