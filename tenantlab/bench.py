@@ -1,6 +1,6 @@
 """Measure what the corrected queue costs per job: no-op jobs through each design, one worker.
 
-``python -m tenantlab.bench`` (or ``make bench``): in one process and one scratch database,
+``tenantlab bench`` (or ``make bench``): in one process and one scratch database,
 queue N no-op jobs, drain them with one design on one connection, and repeat, alternating the
 designs; report the median jobs per second of each and the ratio leased / single transaction.
 Not a test: timings depend on the machine. The leased design commits twice per job; by default
