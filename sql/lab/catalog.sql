@@ -34,7 +34,3 @@ select datname from pg_database where datname like 'tenantlab\_%%\_%%\_%%' order
 -- Run by tenantlab.db.schema_of: the comment that records a database's schema version.
 -- name: database_comment
 select shobj_description(oid, 'pg_database') from pg_database where datname = %(name)s;
-
--- Run by tenantlab.bench: the server settings that decide what a commit costs.
--- name: bench_setting
-select current_setting(%(name)s);
