@@ -34,11 +34,15 @@ def playground_dsn() -> str:
     admin = db.admin_dsn()
     db.ensure_template(admin)
     with db.connect(admin, "playground", autocommit=True) as conn:
-        current = db.schema_of(conn, PLAYGROUND)
-        if current != queries.schema_version():
-            if current is not None:
-                log.warning("the schema changed: recreating %s (its jobs are gone)", PLAYGROUND)
-            db.clone_template(conn, PLAYGROUND)
+        conn.execute(queries.q("playground_lock"))
+        try:
+            current = db.schema_of(conn, PLAYGROUND)
+            if current != queries.schema_version():
+                if current is not None:
+                    log.warning("the schema changed: recreating %s (its jobs are gone)", PLAYGROUND)
+                db.clone_template(conn, PLAYGROUND)
+        finally:
+            conn.execute(queries.q("playground_unlock"))
     return db.with_db(admin, PLAYGROUND)
 
 
