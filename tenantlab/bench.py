@@ -167,7 +167,7 @@ def processes(s: db.Scratch, workers: int, jobs: int, *extra: str) -> float:
                 p.kill()
                 p.wait()
     with s.connect("worker", "bench span", autocommit=True) as conn:
-        n, seconds = conn.execute(q("bench_span")).fetchone()
+        n, seconds = conn.execute(q("bench_span")).fetchone() or (0, None)
     if n != jobs:
         raise RuntimeError(f"bench: {workers} workers ran {n} of {jobs} jobs")
     return jobs / float(seconds)
@@ -217,8 +217,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
     if peers:
         from . import bench_peers
 
-        for name, rate in bench_peers.run(jobs, rounds, say).items():
-            results[name] = _rate(rate)
+        for name, rates in bench_peers.run(jobs, rounds, say).items():
+            results[name] = _rate(rates)
     jps = {k: v["jobs_per_s"] for k, v in results.items()}
     return {
         "server_version": db.server_version(), "jobs": jobs, "rounds": rounds,

@@ -128,11 +128,11 @@ class Leased:
                     result = fn(conn, claim)
                     # The heartbeat covers the work only: released before the finish, a beat
                     # can never run into this attempt's own completion and call it lost.
-                    self._release(claim)
+                    self.release(claim)
                     if not self._complete(conn, claim):
                         raise LeaseLost(f"job {claim.id} lease lost at attempt {claim.attempt}")
             finally:
-                self._release(claim)
+                self.release(claim)
         except LeaseLost as e:
             ev.emit("fenced", job=claim.id, attempt=claim.attempt, step="complete")
             return Outcome(claim, "fenced", error=str(e))
@@ -155,7 +155,8 @@ class Leased:
             "id": claim.id, "attempt": claim.attempt, "run": claim.run_id}).fetchone()
         return bool(row and row[0])
 
-    def _release(self, claim: Claim) -> None:
+    def release(self, claim: Claim) -> None:
+        """Stop extending the claim's lease (its work ended, or will never start)."""
         if self._heartbeats is not None:
             self._heartbeats.release(claim)
 
@@ -164,7 +165,7 @@ class Leased:
     def fail(self, conn: psycopg.Connection, claim: Claim, error: BaseException, *,
              events: Events | None = None) -> Outcome:
         """Record a failed attempt if it still owns the job: queued after a backoff, or dead."""
-        self._release(claim)
+        self.release(claim)
         ev = events or claim.events
         text = error_text(error)
         with _autocommit(conn):

@@ -159,7 +159,12 @@ class Worker:
         if batch > 1 and isinstance(self.queue, Leased):
             claims = self.queue.claim_many(conn, batch, worker=self.name, events=self.events)
             # The batch is the current job: a stop request lets all of it finish.
-            return [self.queue.run_claimed(conn, c) for c in claims]
+            try:
+                return [self.queue.run_claimed(conn, c) for c in claims]
+            finally:
+                # Cut off mid-batch: the jobs not run yet must not keep fresh leases.
+                for c in claims:
+                    self.queue.release(c)
         outcome = self.queue.run_one(conn, worker=self.name, events=self.events)
         return [outcome] if outcome is not None else []
 
@@ -177,7 +182,12 @@ class Worker:
             if not listening:
                 time.sleep(min(0.05, left))
                 continue
-            for _ in conn.notifies(timeout=min(0.05, left), stop_after=1):
+            woke = any(True for _ in conn.notifies(timeout=min(0.05, left), stop_after=1))
+            if woke:
+                # One wake for everything received so far (psycopg keeps what came in while
+                # the worker was busy): it all precedes the claim that follows.
+                for _ in conn.notifies(timeout=0):
+                    pass
                 return
 
     def _sleep(self, seconds: float) -> None:
