@@ -173,3 +173,18 @@ def test_worker_options_are_one_dataclass_that_makes_the_flags() -> None:
     assert argv == ["--lease", "5.0", "--heartbeat", "1.0", "--batch", "4", "--no-listen",
                     "--until-empty"]
     assert from_args(WorkerOptions, p.parse_args(argv)) == options
+
+
+def test_exit_statuses_tell_a_supervisor_what_happened() -> None:
+    from tenantlab.server import free_port
+
+    nowhere = f"host=127.0.0.1 port={free_port()} dbname=none user=none connect_timeout=1"
+    cmd = [sys.executable, "-m", "tenantlab.jobqueue", "--dsn", nowhere]
+    bad = subprocess.run([*cmd, "--lease", "2", "--heartbeat", "3"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2, bad.stderr
+    assert "must be shorter than the lease" in bad.stderr
+    lost = subprocess.run([*cmd, "--max-outage", "1"], capture_output=True, text=True, timeout=60)
+    assert lost.returncode == 3, lost.stderr
+    assert lost.stderr.count("lost the server") == 1  # one line per outage, not per retry
+    assert "could not reach the server" in lost.stderr
