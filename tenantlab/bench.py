@@ -1,11 +1,15 @@
 """What the queue costs per job: no-op jobs through each design, on the user's own server.
 
-``tenantlab bench`` (or ``make bench``), in scratch databases: the round-trip floor (``select
-1``), the naive single transaction, the corrected worker (durable claim, its opt-in lossy
-claim, with a heartbeat, with batch claims), the claim's cost on top of a history of finished
-jobs, the idle latency from enqueue to start (LISTEN/NOTIFY and poll only), worker processes
-side by side, and with ``--peers`` procrastinate and PgQueuer when installed
-(``pip install -e .[bench]``). Not a test: timings depend on the machine; read the ratios.
+``tenantlab bench`` (or ``make bench``), in scratch databases, one round after another:
+``select1`` (the round-trip floor), ``single`` (the naive single transaction, its error
+handler on), ``leased`` (the production worker loop on one connection: durable claim, the
+next claim riding on the finish's commit), ``leased_heartbeat`` (the same, heartbeat every
+10 s), ``leased_batch`` (``--batch 10``), ``leased_run_one`` (claim, execute, finish: two
+commits per job) and ``leased_lossy_claim`` (its claim not flushed); then worker processes
+side by side (``workers_N``), the claim's cost on top of a history of finished jobs, the idle
+latency from enqueue to start (LISTEN/NOTIFY, and poll only), and with ``--peers``
+procrastinate and PgQueuer when installed (``pip install -e .[bench]``). Not a test: timings
+depend on the machine; read the ratios.
 """
 
 from __future__ import annotations
@@ -18,19 +22,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from . import db, queue
-from .jobqueue import Leased
+from . import db, kinds, queue
+from .jobqueue import Leased, Worker, WorkerOptions
 from .jobqueue.options import count
 from .queries import q
 
+#: In process, on one connection: the naive design and the corrected one's run_one loop.
 DESIGNS: dict[str, Callable[[], Any]] = {
     "single": lambda: queue.SingleTransaction(handle_errors=True),
-    "leased": lambda: queue.Leased(lease=30.0, backoff=1.0),
+    "leased_run_one": lambda: queue.Leased(lease=30.0, backoff=1.0),
     "leased_lossy_claim": lambda: queue.Leased(lease=30.0, backoff=1.0, durable_claim=False),
-    "leased_heartbeat": lambda: queue.Leased(lease=30.0, backoff=1.0, heartbeat=10.0),
-    "leased_batch": lambda: queue.Leased(lease=30.0, backoff=1.0),
+}
+#: In process, the production worker loop (``jobqueue.Worker``) on one connection: the claim
+#: of the next job rides on the finish's commit.
+LOOPS: dict[str, WorkerOptions] = {
+    "leased": WorkerOptions(until_empty=True, listen=False),
+    "leased_heartbeat": WorkerOptions(until_empty=True, listen=False, heartbeat=10.0),
+    "leased_batch": WorkerOptions(until_empty=True, listen=False, batch=10),
 }
 BATCH = 10
 LATENCY_JOBS = 60
@@ -54,38 +65,25 @@ def select1(s: db.Scratch, n: int) -> float:
 def drain(s: db.Scratch, name: str, jobs: int) -> dict[str, float]:
     """Queue `jobs` no-op jobs, run them all with one design; return rates (and the drift)."""
     _reset(s)
-    with s.connect("worker", f"bench {name}", autocommit=True) as conn:
+    with s.connect("worker", "bench enqueue", autocommit=True) as conn:
         queue.enqueue(conn, "noop", count=jobs)
+    done = 0
+    started = time.perf_counter()
+    if name in LOOPS:
+        done = Worker(s.worker, replace(LOOPS[name], name=f"bench-{name}"), kinds.handlers).run()
+    else:
         d = DESIGNS[name]()
-        tenth = max(1, jobs // 10)
-        marks = [time.perf_counter()]
-        done = 0
-        try:
-            while True:
-                if name == "leased_batch":
-                    claims = d.claim_many(conn, BATCH)
-                    if not claims:
-                        break
-                    for c in claims:
-                        d.run_claimed(conn, c)
-                    n = len(claims)
-                else:
-                    if d.run_one(conn) is None:
-                        break
-                    n = 1
-                for _ in range(n):
-                    done += 1
-                    if done % tenth == 0:
-                        marks.append(time.perf_counter())
-        finally:
-            close = getattr(d, "close", None)
-            if close:
-                close()
-        elapsed = time.perf_counter() - marks[0]
+        with s.connect("worker", f"bench {name}", autocommit=True) as conn:
+            while d.run_one(conn) is not None:
+                done += 1
+    elapsed = time.perf_counter() - started
     if done != jobs:
         raise RuntimeError(f"bench {name}: ran {done} of {jobs} jobs")
-    first, last = marks[1] - marks[0], marks[-1] - marks[-2]
-    return {"jobs_per_s": jobs / elapsed, "first_tenth": tenth / first, "last_tenth": tenth / last}
+    with s.connect("worker", "bench times", autocommit=True) as conn:
+        t = [r[0] for r in conn.execute(q("bench_finish_times")).fetchall()]
+    tenth = max(2, len(t) // 10)
+    drift = (t[tenth - 1] - t[0]) / max(t[-1] - t[-tenth], 1e-9)
+    return {"jobs_per_s": jobs / elapsed, "drift": drift}
 
 
 def claim_cost(s: db.Scratch, history: int, samples: int = 300) -> dict[str, float]:
@@ -188,14 +186,14 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
     with db.scratch("bench") as s:
         drain(s, "single", min(jobs, 200))  # warm up: caches, plans, the first connection
         runs: dict[str, list[float]] = {"select1": []}
-        runs.update({name: [] for name in DESIGNS})
+        runs.update({name: [] for name in [*DESIGNS, *LOOPS]})
         for _ in range(rounds):
             runs["select1"].append(select1(s, max(jobs, 2000)))
             say("select1", runs["select1"][-1])
-            for name in DESIGNS:
+            for name in [*DESIGNS, *LOOPS]:
                 r = drain(s, name, jobs)
                 runs[name].append(r["jobs_per_s"])
-                drift.setdefault(name, []).append(r["last_tenth"] / r["first_tenth"])
+                drift.setdefault(name, []).append(r["drift"])
                 say(name, r["jobs_per_s"])
         results = {name: _rate(v) for name, v in runs.items()}
         counts = sorted({1, 2, 4, 8} & set(range(1, workers + 1)) | {workers})
@@ -227,7 +225,7 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         "history": hist,
         "idle_latency_ms": latency,
         "scaling": scaling,
-        # last tenth of a run vs its first: 1.0 = flat while finished jobs pile up
+        # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
         "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
         "ratios": _ratios(jps, hist, history),
         # kept from the first bench (add, never rename)

@@ -124,11 +124,12 @@ class Leased(production.Leased):
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + ("" if self.fence else ", fence=False") + ")"
 
-    def _complete(self, conn: psycopg.Connection, claim: Claim) -> bool:
+    def _complete(self, conn: psycopg.Connection, claim: Claim,
+                  claim_next: int = 0) -> tuple[bool, list[Claim]]:
         if self.fence:
-            return super()._complete(conn, claim)
+            return super()._complete(conn, claim, claim_next)
         row = conn.execute(q("complete_unfenced"), {"id": claim.id, "run": claim.run_id}).fetchone()
-        return bool(row and row[0])
+        return bool(row and row[0]), []
 
 
 def design(name: str, *, lease: float = 30.0, backoff: float = 1.0,

@@ -27,3 +27,8 @@ select extract(epoch from r.started - j.created) * 1000 as ms
 -- name: bench_span
 select count(*) as jobs, extract(epoch from max(finished) - min(started)) as seconds
   from job_runs where finished is not null;
+
+-- Run by tenantlab.bench after a drain: when each execution finished, in seconds, in order
+-- (the first tenth of a run against its last: flat, or slowing down as history piles up).
+-- name: bench_finish_times
+select extract(epoch from finished)::float8 from job_runs where finished is not null order by finished;

@@ -77,6 +77,9 @@ class Outcome:
     status: Status
     error: str | None = None
     result: Any = None
+    #: jobs claimed in the same commit as this one's finish (a worker that goes on; see
+    #: ``Leased.execute(claim_next=N)``): counted and leased, theirs to run next.
+    claimed: list[Claim] = field(default_factory=list)
 
 
 def error_text(error: BaseException) -> str:

@@ -7,9 +7,10 @@ claimed may complete or fail the job, so a worker that outlived its lease cannot
 what the next attempt did (everything it wrote rolls back). A failed job waits a backoff that
 grows with its attempts; at ``max_attempts`` it is dead.
 
-Round trips per job (one worker, no heartbeat): the claim (1, committed), then the work's
-transaction: BEGIN + tenant + ``job_runs`` row in one pipeline (1), the handler's own
-statements, the fenced finish + COMMIT in one pipeline (1).
+Round trips per job: the claim (1, committed on its own), then the work's transaction:
+BEGIN, the tenant and the ``job_runs`` row in one statement, the handler's own statements, the
+fenced finish, COMMIT. A worker that goes on claims its next job in the finish's statement
+(``claim_next``): one durable commit per job, four round trips.
 """
 
 from __future__ import annotations
@@ -84,12 +85,7 @@ class Leased:
         with _autocommit(conn), conn.cursor(row_factory=class_row(Claim)) as cur:
             claims = cur.execute(query, {"lease": self.lease, "batch": n}).fetchall()
         claims.sort(key=lambda c: c.id)
-        for c in claims:
-            c.worker, c.events = worker, events
-            events.emit("claim", job=c.id, attempt=c.attempt, tenant=c.tenant_id, kind=c.kind)
-            if self.beat is not None:
-                # From the claim: a batch's later jobs keep their leases while they wait.
-                self.heartbeats(conn).hold(c)
+        self._claimed(conn, claims, worker, events)
         return claims
 
     def claim(self, conn: psycopg.Connection, *, worker: str = "worker",
@@ -109,11 +105,14 @@ class Leased:
     # -- execute -------------------------------------------------------------------------------
 
     def execute(self, conn: psycopg.Connection, claim: Claim, work: Work | None = None, *,
-                worker: str | None = None, events: Events | None = None) -> Outcome:
+                worker: str | None = None, events: Events | None = None,
+                claim_next: int = 0) -> Outcome:
         """Run the job's handler as its tenant, and complete it if this attempt still owns it.
 
         The handler's errors propagate (``run_one`` hands them to ``fail``). When the fence says
         another attempt owns the job, everything this execution wrote rolls back.
+        ``claim_next``: also claim up to that many jobs in the finish's commit (one durable
+        commit per job, not two); they are in the outcome's ``claimed``, counted and leased.
         """
         if worker is not None:
             claim.worker = worker
@@ -129,7 +128,8 @@ class Leased:
                     # The heartbeat covers the work only: released before the finish, a beat
                     # can never run into this attempt's own completion and call it lost.
                     self.release(claim)
-                    if not self._complete(conn, claim):
+                    finished, claimed = self._complete(conn, claim, claim_next)
+                    if not finished:
                         raise LeaseLost(f"job {claim.id} lease lost at attempt {claim.attempt}")
             finally:
                 self.release(claim)
@@ -137,7 +137,9 @@ class Leased:
             ev.emit("fenced", job=claim.id, attempt=claim.attempt, step="complete")
             return Outcome(claim, "fenced", error=str(e))
         ev.emit("finish", job=claim.id, attempt=claim.attempt, result=result)
-        return Outcome(claim, "done", result=result)
+        # Committed: the next jobs are this worker's now.
+        self._claimed(conn, claimed, claim.worker, ev)
+        return Outcome(claim, "done", result=result, claimed=claimed)
 
     def _start(self, conn: psycopg.Connection, claim: Claim) -> None:
         """Set the tenant (local form) and write the execution's job_runs row, in one statement."""
@@ -149,11 +151,27 @@ class Leased:
         claim.events.emit("execute", job=claim.id, attempt=claim.attempt,
                           tenant=claim.tenant_id, kind=claim.kind)
 
-    def _complete(self, conn: psycopg.Connection, claim: Claim) -> bool:
-        """Finish the job if this attempt still owns it; False = fenced out."""
-        row = conn.execute(q("complete_if_owner"), {
-            "id": claim.id, "attempt": claim.attempt, "run": claim.run_id}).fetchone()
-        return bool(row and row[0])
+    def _complete(self, conn: psycopg.Connection, claim: Claim,
+                  claim_next: int = 0) -> tuple[bool, list[Claim]]:
+        """Finish the job if this attempt still owns it (False = fenced out); claim the next."""
+        params = {"id": claim.id, "attempt": claim.attempt, "run": claim.run_id}
+        if not claim_next:
+            row = conn.execute(q("complete_if_owner"), params).fetchone()
+            return bool(row and row[0]), []
+        rows = conn.execute(q("complete_if_owner_and_claim"),
+                            dict(params, lease=self.lease, batch=claim_next)).fetchall()
+        claims = sorted((Claim(id=r[1], tenant_id=r[2], attempt=r[3], kind=r[4], payload=r[5])
+                         for r in rows if r[1] is not None), key=lambda c: c.id)
+        return bool(rows and rows[0][0]), claims
+
+    def _claimed(self, conn: psycopg.Connection, claims: list[Claim], worker: str,
+                 events: Events) -> None:
+        for c in claims:
+            c.worker, c.events = worker, events
+            events.emit("claim", job=c.id, attempt=c.attempt, tenant=c.tenant_id, kind=c.kind)
+            if self.beat is not None:
+                # From the claim: a batch's later jobs keep their leases while they wait.
+                self.heartbeats(conn).hold(c)
 
     def release(self, claim: Claim) -> None:
         """Stop extending the claim's lease (its work ended, or will never start)."""
@@ -186,11 +204,11 @@ class Leased:
 
     # -- all three -----------------------------------------------------------------------------
 
-    def run_claimed(self, conn: psycopg.Connection, claim: Claim,
-                    work: Work | None = None) -> Outcome:
+    def run_claimed(self, conn: psycopg.Connection, claim: Claim, work: Work | None = None, *,
+                    claim_next: int = 0) -> Outcome:
         """Execute one claimed job; on error, fail it (counted, fenced)."""
         try:
-            return self.execute(conn, claim, work)
+            return self.execute(conn, claim, work, claim_next=claim_next)
         except Exception as e:
             # A lost connection fails here too and propagates: the lease expires, and the
             # job is retried, counted (the worker reconnects).

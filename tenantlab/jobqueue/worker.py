@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import psycopg
 
 from .handlers import Handlers
-from .jobs import Events, JobQueueError, NullEvents, Outcome
+from .jobs import Claim, Events, JobQueueError, NullEvents, Outcome
 from .leased import Leased
 from .options import WorkerOptions
 from .queries import q
@@ -138,8 +138,12 @@ class Worker:
         o = self.options
         listening = o.listen and self._listen(conn)
         idle = False
-        while not self.stopping:
-            outcomes = self._one_round(conn)
+        pending: list[Claim] = []
+        # Jobs already claimed (with the last finish) are part of the current job: run them
+        # even when a stop was asked for meanwhile.
+        while pending or not self.stopping:
+            outcomes = self._one_round(conn, pending)
+            pending = outcomes[-1].claimed if outcomes else []
             if not outcomes:
                 if o.until_empty:
                     return True
@@ -150,23 +154,34 @@ class Worker:
                 continue
             idle = False
             self.claimed += len(outcomes)
-            if o.max_jobs is not None and self.claimed >= o.max_jobs:
+            if o.max_jobs is not None and self.claimed >= o.max_jobs and not pending:
                 return True
         return True
 
-    def _one_round(self, conn: psycopg.Connection) -> list[Outcome]:
+    def _goes_on(self, after: int) -> bool:
+        """Whether the worker will want another job after `after` more: then claim it early."""
+        o = self.options
+        return not self.stopping and (o.max_jobs is None or self.claimed + after < o.max_jobs)
+
+    def _one_round(self, conn: psycopg.Connection, pending: list[Claim]) -> list[Outcome]:
+        if not isinstance(self.queue, Leased):
+            outcome = self.queue.run_one(conn, worker=self.name, events=self.events)
+            return [outcome] if outcome is not None else []
         batch = self.options.batch
-        if batch > 1 and isinstance(self.queue, Leased):
-            claims = self.queue.claim_many(conn, batch, worker=self.name, events=self.events)
-            # The batch is the current job: a stop request lets all of it finish.
-            try:
-                return [self.queue.run_claimed(conn, c) for c in claims]
-            finally:
-                # Cut off mid-batch: the jobs not run yet must not keep fresh leases.
-                for c in claims:
-                    self.queue.release(c)
-        outcome = self.queue.run_one(conn, worker=self.name, events=self.events)
-        return [outcome] if outcome is not None else []
+        claims = pending or self.queue.claim_many(conn, batch, worker=self.name,
+                                                  events=self.events)
+        outcomes: list[Outcome] = []
+        try:
+            for i, c in enumerate(claims):
+                last = i == len(claims) - 1
+                # The last job's finish claims the next batch in the same commit.
+                chain = batch if last and self._goes_on(len(claims)) else 0
+                outcomes.append(self.queue.run_claimed(conn, c, claim_next=chain))
+        finally:
+            # Cut off mid-batch: the jobs not run yet must not keep fresh leases.
+            for c in claims:
+                self.queue.release(c)
+        return outcomes
 
     def _listen(self, conn: psycopg.Connection) -> bool:
         conn.execute(q("listen"))

@@ -79,6 +79,39 @@ with done as (
 )
 select count(*) as finished from done;
 
+-- Run by Leased.execute instead of complete_if_owner when the worker goes on: the fenced
+-- finish of this job and the claim of the next ones, committed together. One durable commit
+-- per job instead of two, and the guarantees hold: the next attempts are counted (and their
+-- leases set) when this commits, before their work starts; a fenced finish rolls the claim
+-- back with everything else. One row per job claimed (or one with nulls): `finished` = 0 is
+-- fenced out (roll back).
+-- name: complete_if_owner_and_claim
+with done as (
+  update jobs set status = 'done', locked_until = null, last_error = null,
+                  finished = clock_timestamp()
+   where id = %(id)s and attempts = %(attempt)s and status = 'running'
+  returning id
+), run as (
+  update job_runs set finished = clock_timestamp()
+   where id = %(run)s and job_id in (select id from done)
+), next as (
+  update jobs
+     set status = 'running', attempts = attempts + 1,
+         locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
+   where id in (select id from jobs
+                 where status in ('queued', 'running')
+                   and (status = 'queued' or locked_until < clock_timestamp())
+                   and attempts < max_attempts
+                   and (run_after is null or run_after <= clock_timestamp())
+                   and id <> %(id)s
+                 order by id limit %(batch)s
+                 for update skip locked)
+  returning id, tenant_id, attempts as attempt, kind, payload
+)
+select (select count(*) from done) as finished,
+       next.id, next.tenant_id, next.attempt, next.kind, next.payload
+  from (select) as one left join next on true;
+
 -- Run by Leased.fail in a new transaction after the work failed: fenced like the completion.
 -- Queued again after a backoff that doubles with each attempt (times 0.75..1.25 of jitter,
 -- capped), or dead at max_attempts. No row back = fenced out.
