@@ -188,3 +188,18 @@ def test_exit_statuses_tell_a_supervisor_what_happened() -> None:
     assert lost.returncode == 3, lost.stderr
     assert lost.stderr.count("lost the server") == 1  # one line per outage, not per retry
     assert "could not reach the server" in lost.stderr
+
+
+def test_the_next_claim_rides_on_the_finish_and_a_fenced_finish_takes_it_back(conn) -> None:
+    first, second, third = queue.enqueue(conn, "count", tenant=4, count=3)
+    leased = queue.Leased(lease=30)
+    claim = leased.claim(conn)
+    done = leased.execute(conn, claim, claim_next=1)
+    assert (done.status, [(c.id, c.attempt) for c in done.claimed]) == ("done", [(second, 1)])
+    assert status(conn, second)[:2] == ("running", 1)  # counted before its work starts
+    nxt = done.claimed[0]
+    conn.execute("update jobs set attempts = 2 where id = %s", (second,))  # taken over
+    fenced = leased.execute(conn, nxt, claim_next=1)
+    assert (fenced.status, fenced.claimed) == ("fenced", [])
+    assert status(conn, third)[:2] == ("queued", 0)  # its claim rolled back with the rest
+    assert status(conn, first)[:2] == ("done", 1)

@@ -106,13 +106,14 @@ class Leased:
 
     def execute(self, conn: psycopg.Connection, claim: Claim, work: Work | None = None, *,
                 worker: str | None = None, events: Events | None = None,
-                claim_next: int = 0) -> Outcome:
+                claim_next: int | Callable[[], int] = 0) -> Outcome:
         """Run the job's handler as its tenant, and complete it if this attempt still owns it.
 
         The handler's errors propagate (``run_one`` hands them to ``fail``). When the fence says
         another attempt owns the job, everything this execution wrote rolls back.
         ``claim_next``: also claim up to that many jobs in the finish's commit (one durable
-        commit per job, not two); they are in the outcome's ``claimed``, counted and leased.
+        commit per job, not two); they are in the outcome's ``claimed``, counted and leased. A
+        callable is asked at the finish (a worker told to stop meanwhile claims nothing).
         """
         if worker is not None:
             claim.worker = worker
@@ -128,7 +129,8 @@ class Leased:
                     # The heartbeat covers the work only: released before the finish, a beat
                     # can never run into this attempt's own completion and call it lost.
                     self.release(claim)
-                    finished, claimed = self._complete(conn, claim, claim_next)
+                    more = claim_next() if callable(claim_next) else claim_next
+                    finished, claimed = self._complete(conn, claim, more)
                     if not finished:
                         raise LeaseLost(f"job {claim.id} lease lost at attempt {claim.attempt}")
             finally:
@@ -205,7 +207,7 @@ class Leased:
     # -- all three -----------------------------------------------------------------------------
 
     def run_claimed(self, conn: psycopg.Connection, claim: Claim, work: Work | None = None, *,
-                    claim_next: int = 0) -> Outcome:
+                    claim_next: int | Callable[[], int] = 0) -> Outcome:
         """Execute one claimed job; on error, fail it (counted, fenced)."""
         try:
             return self.execute(conn, claim, work, claim_next=claim_next)

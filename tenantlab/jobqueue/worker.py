@@ -172,10 +172,11 @@ class Worker:
                                                   events=self.events)
         outcomes: list[Outcome] = []
         try:
+            n = len(claims)
             for i, c in enumerate(claims):
-                last = i == len(claims) - 1
-                # The last job's finish claims the next batch in the same commit.
-                chain = batch if last and self._goes_on(len(claims)) else 0
+                # The last job's finish claims the next batch in the same commit, unless the
+                # worker will stop (asked at the finish: a signal may come during the work).
+                chain = (lambda: batch if self._goes_on(n) else 0) if i == n - 1 else 0
                 outcomes.append(self.queue.run_claimed(conn, c, claim_next=chain))
         finally:
             # Cut off mid-batch: the jobs not run yet must not keep fresh leases.
