@@ -107,7 +107,11 @@ def parser() -> argparse.ArgumentParser:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     options = from_args(WorkerOptions, args)
-    worker = w.Worker(args.dsn, options, load_handlers(args.handlers))
+    handlers = load_handlers(args.handlers)
+    if not handlers:
+        print(f"{PROG}: no handlers registered (see --handlers): every job will fail",
+              file=sys.stderr)
+    worker = w.Worker(args.dsn, options, handlers)
     w.stop_on_signals(worker)
     worker.run()
     return w.EXIT_STOPPED

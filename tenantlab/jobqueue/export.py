@@ -32,9 +32,13 @@ login role: not the owner, not superuser, no BYPASSRLS, so your row-level securi
     alter role app_worker set idle_in_transaction_session_timeout = '5min';
     alter role app_worker set statement_timeout = '10min';
 
-The two timeouts end a worker session that hangs in a transaction or a statement (the
-longest job you run must fit). Keep `jobs` out of tenant policies: a worker sees every job
-before it knows which tenant to become.
+The two timeouts end a worker session that hangs, so its job's lease runs out and another
+worker retries it (counted) instead of it waiting forever: `idle_in_transaction_session_timeout`
+must be longer than the longest pause a handler takes between two of its statements (the job's
+transaction stays open while the handler works: an API call, a render), `statement_timeout`
+longer than its slowest statement. An idle worker sits outside any transaction, so neither
+ends it. Keep `jobs` out of tenant policies: a worker sees every job before it knows which
+tenant to become.
 
 ## 2. Register a handler and queue jobs
 
