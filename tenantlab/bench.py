@@ -86,7 +86,7 @@ def drain(s: db.Scratch, name: str, jobs: int) -> dict[str, float]:
     return {"jobs_per_s": jobs / elapsed, "drift": drift}
 
 
-def claim_cost(s: db.Scratch, history: int, samples: int = 300) -> dict[str, float]:
+def claim_cost(s: db.Scratch, history: int, samples: int = 500) -> dict[str, float]:
     """Return the claim's median ms with `history` finished jobs, on a queue and on none."""
     _reset(s)
     with s.connect("admin", "bench history", autocommit=True) as admin:
@@ -181,12 +181,19 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         peers: bool = False, progress: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
     """Measure everything once; return the JSON document ``tenantlab bench --json`` writes."""
     say = progress or (lambda name, value: None)
-    results: dict[str, Any] = {}
     drift: dict[str, Any] = {}
+    counts = sorted({1, 2, 4, 8} & set(range(1, workers + 1)) | {workers})
+    peer_names: list[str] = []
+    if peers:
+        from . import bench_peers
+
+        peer_names = bench_peers.installed(say)
     with db.scratch("bench") as s:
         drain(s, "single", min(jobs, 200))  # warm up: caches, plans, the first connection
-        runs: dict[str, list[float]] = {"select1": []}
-        runs.update({name: [] for name in [*DESIGNS, *LOOPS]})
+        names = ["select1", *DESIGNS, *LOOPS, *peer_names, *(f"workers_{w}" for w in counts)]
+        runs: dict[str, list[float]] = {name: [] for name in names}
+        # One round is every measurement once, in turn: a machine that is busier in one phase
+        # than another shifts all of them alike, and the ratios hold.
         for _ in range(rounds):
             runs["select1"].append(select1(s, max(jobs, 2000)))
             say("select1", runs["select1"][-1])
@@ -195,28 +202,27 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
                 runs[name].append(r["jobs_per_s"])
                 drift.setdefault(name, []).append(r["drift"])
                 say(name, r["jobs_per_s"])
+            for name in peer_names:
+                runs[name].append(bench_peers.drain(name, jobs))
+                say(name, runs[name][-1])
+            for w in counts:
+                runs[f"workers_{w}"].append(processes(s, w, jobs))
+                say(f"workers_{w}", runs[f"workers_{w}"][-1])
         results = {name: _rate(v) for name, v in runs.items()}
-        counts = sorted({1, 2, 4, 8} & set(range(1, workers + 1)) | {workers})
-        scaling = {}
-        for w in counts:
-            rate = processes(s, w, jobs)
-            scaling[str(w)] = round(rate, 1)
-            results[f"workers_{w}"] = _rate([rate])
-            say(f"workers_{w}", rate)
-        hist = {}
-        for h in sorted({0, history}):
-            hist[str(h)] = claim_cost(s, h)
-            say(f"history {h:,}", hist[str(h)])
+        scaling = {str(w): results[f"workers_{w}"]["jobs_per_s"] for w in counts}
+        # The empty history before and after the full one: the baseline is their mean.
+        before = claim_cost(s, 0)
+        say("history 0", before)
+        hist = {str(history): claim_cost(s, history)}
+        say(f"history {history:,}", hist[str(history)])
+        after = claim_cost(s, 0)
+        say("history 0 again", after)
+        hist["0"] = {k: round((before[k] + after[k]) / 2, 3) for k in before}
         latency = {}
         for name, listen in (("leased", True), ("leased_poll", False)):
             latency[name] = idle_latency(s, listen)
             say(f"idle latency {name}", latency[name])
         settings = _settings(s)
-    if peers:
-        from . import bench_peers
-
-        for name, rates in bench_peers.run(jobs, rounds, say).items():
-            results[name] = _rate(rates)
     jps = {k: v["jobs_per_s"] for k, v in results.items()}
     return {
         "server_version": db.server_version(), "jobs": jobs, "rounds": rounds,
@@ -244,6 +250,7 @@ def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int) -> dict[s
         "leased_heartbeat_vs_leased": jps["leased_heartbeat"] / jps["leased"],
         "leased_batch_vs_leased": jps["leased_batch"] / jps["leased"],
         "claim_at_history_vs_0": hist[str(history)]["claim_ms"] / hist["0"]["claim_ms"],
+        "leased_vs_leased_run_one": jps["leased"] / jps["leased_run_one"],
         "claim_empty_at_history_vs_0": (hist[str(history)]["claim_ms_empty_queue"]
                                         / hist["0"]["claim_ms_empty_queue"]),
     }

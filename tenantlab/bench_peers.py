@@ -2,8 +2,9 @@
 
 Each runs on the same server, in a scratch database of its own per round, as the admin (their
 schemas need it), with its default settings: procrastinate one job at a time, PgQueuer batches
-of 10 run concurrently. Jobs per second = jobs / the wall time of a worker draining the queue
-(its start-up included, as for ``workers_1``). Install them with ``pip install -e .[bench]``.
+of 10 run concurrently (on psycopg, the driver the kit already has). Jobs per second = jobs /
+the time from the worker's start to the last job's execution. Install them with
+``pip install -e .[bench]``.
 """
 
 from __future__ import annotations
@@ -17,21 +18,45 @@ from typing import Any
 from . import db
 
 
+class _Clock:
+    """Time a drain from the worker's start to the last job's execution (shut-down left out:
+    PgQueuer's drain waits out buffer timeouts before it returns)."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs, self.seen, self.t0, self.t1 = jobs, 0, 0.0, 0.0
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def tick(self) -> None:
+        self.seen += 1
+        if self.seen == self.jobs:
+            self.t1 = time.perf_counter()
+
+    def rate(self) -> float:
+        if self.seen < self.jobs:
+            raise RuntimeError(f"the peer ran {self.seen} of {self.jobs} jobs")
+        return self.jobs / (self.t1 - self.t0)
+
+
 async def _procrastinate(dsn: str, jobs: int) -> float:
     import procrastinate
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
 
+    seen = _Clock(jobs)
+
     @app.task(name="noop")
     async def noop() -> None:
         """Do nothing, as the kit's noop kind."""
+        seen.tick()
 
     async with app.open_async():
         await app.schema_manager.apply_schema_async()
         await noop.batch_defer_async(*({} for _ in range(jobs)))
-        started = time.perf_counter()
+        seen.start()
         await app.run_worker_async(wait=False, install_signal_handlers=False)
-        return jobs / (time.perf_counter() - started)
+        return seen.rate()
 
 
 async def _pgqueuer(dsn: str, jobs: int) -> float:
@@ -44,35 +69,39 @@ async def _pgqueuer(dsn: str, jobs: int) -> float:
         queries = Queries(driver)
         await queries.install()
         qm = QueueManager(queries)
+        seen = _Clock(jobs)
 
         @qm.entrypoint("noop")
         async def noop(job: Any) -> None:
             """Do nothing, as the kit's noop kind."""
+            seen.tick()
 
         await queries.enqueue(["noop"] * jobs, [None] * jobs, [0] * jobs)
-        started = time.perf_counter()
+        seen.start()
         await qm.run(mode=QueueExecutionMode.drain)
-        return jobs / (time.perf_counter() - started)
+        return seen.rate()
 
 
 PEERS: dict[str, Callable[[str, int], Any]] = {"procrastinate": _procrastinate,
                                                "pgqueuer": _pgqueuer}
 
 
-def run(jobs: int, rounds: int, say: Callable[[str, Any], None]) -> dict[str, list[float]]:
-    """Drain `jobs` no-op jobs with each installed peer `rounds` times; return the rates."""
-    out: dict[str, list[float]] = {}
-    logging.getLogger("procrastinate").setLevel(logging.WARNING)
-    logging.getLogger("pgqueuer").setLevel(logging.WARNING)
-    for name, fn in PEERS.items():
+def installed(say: Callable[[str, Any], None]) -> list[str]:
+    """Return the peers that can be imported here (and say which cannot)."""
+    out = []
+    for name in PEERS:
         try:
             __import__(name)
         except ImportError:
             say(name, "not installed: pip install -e .[bench]")
             continue
-        for _ in range(rounds):
-            with db.scratch(f"bench_{name}") as s:
-                rate = asyncio.run(fn(s.admin, jobs))
-            out.setdefault(name, []).append(rate)
-            say(name, rate)
+        out.append(name)
+    logging.getLogger("procrastinate").setLevel(logging.WARNING)
+    logging.getLogger("pgqueuer").setLevel(logging.WARNING)
     return out
+
+
+def drain(name: str, jobs: int) -> float:
+    """Drain `jobs` no-op jobs with one peer in a fresh database; return jobs per second."""
+    with db.scratch(f"bench_{name}") as s:
+        return float(asyncio.run(PEERS[name](s.admin, jobs)))
