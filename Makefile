@@ -77,7 +77,7 @@ reproduce: $(LAB_STAMP)
 	$(PY) tools/findings_matrix.py reproduce.json
 
 bench: $(LAB_STAMP)
-	$(PY) -m tenantlab.bench
+	$(VENV)/bin/tenantlab bench
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check tenantlab tests

@@ -1,73 +1,268 @@
-"""Measure what the corrected queue costs per job: no-op jobs through each design, one worker.
+"""What the queue costs per job: no-op jobs through each design, on the user's own server.
 
-``python -m tenantlab.bench`` (or ``make bench``): in one process and one scratch database,
-queue N no-op jobs, drain them with one design on one connection, and repeat, alternating the
-designs; report the median jobs per second of each and the ratio leased / single transaction.
-Not a test: timings depend on the machine. The leased design commits twice per job; by default
-its claim skips its own WAL flush (see ``Leased.claim``), ``leased_durable_claim`` does not, so
-the difference between the two is the price of a second fsync.
+``tenantlab bench`` (or ``make bench``), in scratch databases, one round after another:
+``select1`` (the round-trip floor), ``single`` (the naive single transaction, its error
+handler on), ``leased`` (the production worker loop on one connection: durable claim, the
+next claim riding on the finish's commit), ``leased_heartbeat`` (the same, heartbeat every
+10 s), ``leased_batch`` (``--batch 10``), ``leased_run_one`` (claim, execute, finish: two
+commits per job) and ``leased_lossy_claim`` (its claim not flushed); then worker processes
+side by side (``workers_N``), the claim's cost on top of a history of finished jobs, the idle
+latency from enqueue to start (LISTEN/NOTIFY, and poll only), and with ``--peers``
+procrastinate and PgQueuer when installed (``pip install -e .[bench]``). Not a test: timings
+depend on the machine; read the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from . import db, queue
+from . import db, kinds, queue
+from .jobqueue import Leased, Worker, WorkerOptions
+from .jobqueue.options import count
 from .queries import q
 
-DESIGNS: dict[str, Callable[[], queue.Design]] = {
+#: In process, on one connection: the naive design and the corrected one's run_one loop.
+DESIGNS: dict[str, Callable[[], Any]] = {
     "single": lambda: queue.SingleTransaction(handle_errors=True),
-    "leased": lambda: queue.Leased(lease=30.0, backoff=1.0),
-    "leased_durable_claim": lambda: queue.Leased(lease=30.0, backoff=1.0, durable_claim=True),
+    "leased_run_one": lambda: queue.Leased(lease=30.0, backoff=1.0),
+    "leased_lossy_claim": lambda: queue.Leased(lease=30.0, backoff=1.0, durable_claim=False),
 }
+#: In process, the production worker loop (``jobqueue.Worker``) on one connection: the claim
+#: of the next job rides on the finish's commit.
+LOOPS: dict[str, WorkerOptions] = {
+    "leased": WorkerOptions(until_empty=True, listen=False),
+    "leased_heartbeat": WorkerOptions(until_empty=True, listen=False, heartbeat=10.0),
+    "leased_batch": WorkerOptions(until_empty=True, listen=False, batch=10),
+}
+BATCH = 10
+LATENCY_JOBS = 60
 
 
-def drain(scratch: db.Scratch, design: str, jobs: int) -> float:
-    """Queue `jobs` no-op jobs, run them all with one design; return jobs per second."""
-    with scratch.connect("admin", "bench reset", autocommit=True) as admin:
+def _reset(s: db.Scratch) -> None:
+    with s.connect("admin", "bench reset", autocommit=True) as admin:
         admin.execute(q("reset_queue"))
-    with scratch.connect("worker", f"bench {design}", autocommit=True) as conn:
-        queue.enqueue(conn, "noop", count=jobs)
-        d = DESIGNS[design]()
+
+
+def select1(s: db.Scratch, n: int) -> float:
+    """Return round trips per second of a `select 1` loop on one connection."""
+    with s.connect("worker", "bench select1", autocommit=True) as conn:
+        query = q("bench_select1")
         started = time.perf_counter()
-        done = 0
-        while d.run_one(conn) is not None:
-            done += 1
-        elapsed = time.perf_counter() - started
+        for _ in range(n):
+            conn.execute(query).fetchone()
+        return n / (time.perf_counter() - started)
+
+
+def drain(s: db.Scratch, name: str, jobs: int) -> dict[str, float]:
+    """Queue `jobs` no-op jobs, run them all with one design; return rates (and the drift)."""
+    _reset(s)
+    with s.connect("worker", "bench enqueue", autocommit=True) as conn:
+        queue.enqueue(conn, "noop", count=jobs)
+    done = 0
+    started = time.perf_counter()
+    if name in LOOPS:
+        done = Worker(s.worker, replace(LOOPS[name], name=f"bench-{name}"), kinds.handlers).run()
+    else:
+        d = DESIGNS[name]()
+        with s.connect("worker", f"bench {name}", autocommit=True) as conn:
+            while d.run_one(conn) is not None:
+                done += 1
+    elapsed = time.perf_counter() - started
     if done != jobs:
-        raise RuntimeError(f"bench {design}: ran {done} of {jobs} jobs")
-    return jobs / elapsed
+        raise RuntimeError(f"bench {name}: ran {done} of {jobs} jobs")
+    with s.connect("worker", "bench times", autocommit=True) as conn:
+        t = [r[0] for r in conn.execute(q("bench_finish_times")).fetchall()]
+    tenth = max(2, len(t) // 10)
+    drift = (t[tenth - 1] - t[0]) / max(t[-1] - t[-tenth], 1e-9)
+    return {"jobs_per_s": jobs / elapsed, "drift": drift}
 
 
-def run(jobs: int = 2000, repeats: int = 5, progress: Any = None) -> dict[str, Any]:
-    """Alternate the designs `repeats` times; return medians, every run, and the ratio."""
-    runs: dict[str, list[float]] = {name: [] for name in DESIGNS}
+def claim_cost(s: db.Scratch, history: int, samples: int = 500) -> dict[str, float]:
+    """Return the claim's median ms with `history` finished jobs, on a queue and on none."""
+    _reset(s)
+    with s.connect("admin", "bench history", autocommit=True) as admin:
+        if history:
+            admin.execute(q("bench_fill_history"), {"n": history})
+        admin.execute(q("horizon_vacuum_analyze_jobs"))
+    leased = Leased(lease=30.0)
+    busy, empty = [], []
+    with s.connect("worker", "bench claim", autocommit=True) as conn:
+        queue.enqueue(conn, "noop", count=samples)
+        for _ in range(samples):
+            t = time.perf_counter()
+            claim = leased.claim(conn)
+            busy.append(time.perf_counter() - t)
+            assert claim is not None
+            leased.run_claimed(conn, claim, lambda c, j: None)
+        for _ in range(samples):
+            t = time.perf_counter()
+            assert leased.claim(conn) is None
+            empty.append(time.perf_counter() - t)
+    return {"claim_ms": round(statistics.median(busy) * 1000, 3),
+            "claim_ms_empty_queue": round(statistics.median(empty) * 1000, 3)}
+
+
+def _worker_argv(*extra: str) -> list[str]:
+    # The production entry point with the demo kinds: no notebook machinery to import.
+    return [sys.executable, "-m", "tenantlab.jobqueue", "--handlers", "tenantlab.kinds", *extra]
+
+
+def _env(s: db.Scratch) -> dict[str, str]:
+    return dict(os.environ, JOBQUEUE_DSN=s.worker)
+
+
+def idle_latency(s: db.Scratch, listen: bool, jobs: int = LATENCY_JOBS) -> dict[str, float]:
+    """Start one idle worker; queue `jobs` jobs one at a time; return enqueue-to-start ms."""
+    _reset(s)
+    extra = ["--poll", "0.5"] + ([] if listen else ["--no-listen"])
+    proc = subprocess.Popen(_worker_argv(*extra), env=_env(s), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)  # started, connected, listening, idle
+        with s.connect("worker", "bench enqueue", autocommit=True) as conn:
+            for _ in range(jobs):
+                (job,) = queue.enqueue(conn, "noop", tenant=1)
+                deadline = time.monotonic() + 10
+                while conn.execute(q("job_states")).fetchall()[-1][3] != "done":
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise RuntimeError(f"bench idle latency: job {job} never ran")
+                    time.sleep(0.005)
+                time.sleep(0.05)  # idle again, as a real lull would be
+            ms = [r[0] for r in conn.execute(q("bench_latency_ms")).fetchall()]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    ms = sorted(float(x) for x in ms)
+    return {"median": round(statistics.median(ms), 2),
+            "p95": round(ms[min(len(ms) - 1, int(0.95 * len(ms)))], 2)}
+
+
+def processes(s: db.Scratch, workers: int, jobs: int, *extra: str) -> float:
+    """Drain `jobs` no-op jobs with `workers` worker processes; return jobs per second."""
+    _reset(s)
+    with s.connect("worker", "bench enqueue", autocommit=True) as conn:
+        queue.enqueue(conn, "noop", count=jobs)
+    procs = [subprocess.Popen(_worker_argv("--until-empty", "--name", f"bench-{i}", *extra),
+                              env=_env(s), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for i in range(workers)]
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=600)
+            if p.returncode != 0:
+                raise RuntimeError(f"bench worker exited {p.returncode}: {err[-500:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    with s.connect("worker", "bench span", autocommit=True) as conn:
+        n, seconds = conn.execute(q("bench_span")).fetchone() or (0, None)
+    if n != jobs:
+        raise RuntimeError(f"bench: {workers} workers ran {n} of {jobs} jobs")
+    return jobs / float(seconds)
+
+
+def _rate(rates: list[float]) -> dict[str, Any]:
+    m = statistics.median(rates)
+    return {"jobs_per_s": round(m, 1), "ms_per_job": round(1000 / m, 3),
+            "rounds": [round(r, 1) for r in rates]}
+
+
+def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int = 4,
+        peers: bool = False, progress: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
+    """Measure everything once; return the JSON document ``tenantlab bench --json`` writes."""
+    say = progress or (lambda name, value: None)
+    drift: dict[str, Any] = {}
+    counts = sorted({1, 2, 4, 8} & set(range(1, workers + 1)) | {workers})
+    peer_names: list[str] = []
+    if peers:
+        from . import bench_peers
+
+        peer_names = bench_peers.installed(say)
     with db.scratch("bench") as s:
         drain(s, "single", min(jobs, 200))  # warm up: caches, plans, the first connection
-        for _ in range(repeats):
-            for name in DESIGNS:
-                runs[name].append(drain(s, name, jobs))
-                if progress:
-                    progress(name, runs[name][-1])
+        names = ["select1", *DESIGNS, *LOOPS, *peer_names, *(f"workers_{w}" for w in counts)]
+        runs: dict[str, list[float]] = {name: [] for name in names}
+        # One round is every measurement once, in turn: a machine that is busier in one phase
+        # than another shifts all of them alike, and the ratios hold.
+        for _ in range(rounds):
+            runs["select1"].append(select1(s, max(jobs, 2000)))
+            say("select1", runs["select1"][-1])
+            for name in [*DESIGNS, *LOOPS]:
+                r = drain(s, name, jobs)
+                runs[name].append(r["jobs_per_s"])
+                drift.setdefault(name, []).append(r["drift"])
+                say(name, r["jobs_per_s"])
+            for name in peer_names:
+                runs[name].append(bench_peers.drain(name, jobs))
+                say(name, runs[name][-1])
+            for w in counts:
+                runs[f"workers_{w}"].append(processes(s, w, jobs))
+                say(f"workers_{w}", runs[f"workers_{w}"][-1])
+        results = {name: _rate(v) for name, v in runs.items()}
+        scaling = {str(w): results[f"workers_{w}"]["jobs_per_s"] for w in counts}
+        # The empty history before and after the full one: the baseline is their mean.
+        before = claim_cost(s, 0)
+        say("history 0", before)
+        hist = {str(history): claim_cost(s, history)}
+        say(f"history {history:,}", hist[str(history)])
+        after = claim_cost(s, 0)
+        say("history 0 again", after)
+        hist["0"] = {k: round((before[k] + after[k]) / 2, 3) for k in before}
+        latency = {}
+        for name, listen in (("leased", True), ("leased_poll", False)):
+            latency[name] = idle_latency(s, listen)
+            say(f"idle latency {name}", latency[name])
         settings = _settings(s)
-    median = {name: statistics.median(v) for name, v in runs.items()}
+    jps = {k: v["jobs_per_s"] for k, v in results.items()}
     return {
-        "jobs": jobs, "repeats": repeats, "server_version": db.server_version(),
+        "server_version": db.server_version(), "jobs": jobs, "rounds": rounds,
         "settings": settings,
-        "jobs_per_second": {k: round(v, 1) for k, v in median.items()},
-        "ms_per_job": {k: round(1000 / v, 3) for k, v in median.items()},
-        # Cost per job of the corrected design relative to the naive one (> 1: slower).
-        "cost_ratio_leased_vs_single": round(median["single"] / median["leased"], 3),
-        "cost_ratio_durable_claim_vs_single": round(
-            median["single"] / median["leased_durable_claim"], 3),
-        "runs": {k: [round(x, 1) for x in v] for k, v in runs.items()},
+        "results": results,
+        "history": hist,
+        "idle_latency_ms": latency,
+        "scaling": scaling,
+        # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
+        "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
+        "ratios": _ratios(jps, hist, history),
+        # kept from the first bench (add, never rename)
+        "repeats": rounds,
+        "jobs_per_second": jps,
+        "ms_per_job": {k: v["ms_per_job"] for k, v in results.items()},
+        "cost_ratio_leased_vs_single": round(jps["single"] / jps["leased"], 3),
+        "cost_ratio_durable_claim_vs_single": round(jps["single"] / jps["leased"], 3),
+        "runs": {k: v["rounds"] for k, v in results.items()},
     }
+
+
+def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int) -> dict[str, float]:
+    out = {
+        "leased_cost_vs_single": jps["single"] / jps["leased"],
+        "leased_heartbeat_vs_leased": jps["leased_heartbeat"] / jps["leased"],
+        "leased_batch_vs_leased": jps["leased_batch"] / jps["leased"],
+        "claim_at_history_vs_0": hist[str(history)]["claim_ms"] / hist["0"]["claim_ms"],
+        "leased_vs_leased_run_one": jps["leased"] / jps["leased_run_one"],
+        "claim_empty_at_history_vs_0": (hist[str(history)]["claim_ms_empty_queue"]
+                                        / hist["0"]["claim_ms_empty_queue"]),
+    }
+    if "workers_4" in jps and "workers_1" in jps:
+        out["workers_4_vs_1"] = jps["workers_4"] / jps["workers_1"]
+    if "workers_8" in jps and "workers_4" in jps:
+        out["workers_8_vs_4"] = jps["workers_8"] / jps["workers_4"]
+    for peer in ("procrastinate", "pgqueuer"):
+        if peer in jps:
+            out[f"leased_vs_{peer}"] = jps["leased"] / jps[peer]
+            out[f"leased_batch_vs_{peer}"] = jps["leased_batch"] / jps[peer]
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 def _settings(s: db.Scratch) -> dict[str, str]:
@@ -76,29 +271,48 @@ def _settings(s: db.Scratch) -> dict[str, str]:
                 for name in ("fsync", "synchronous_commit")}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tenantlab.bench", description=__doc__)
-    p.add_argument("--jobs", type=int, default=2000, help="no-op jobs per run (default 2000)")
-    p.add_argument("--repeats", type=int, default=5, help="runs per design (default 5)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the benchmark's flags (``tenantlab bench``)."""
+    p.add_argument("--jobs", type=count("jobs"), default=2000, help="no-op jobs per run (default 2000)")
+    p.add_argument("--rounds", "--repeats", dest="rounds", type=count("rounds"), default=3,
+                   help="runs per design; medians are reported (default 3)")
+    p.add_argument("--history", type=count("history"), default=100_000,
+                   help="finished jobs under the claim for the history measurement (default 100,000)")
+    p.add_argument("--workers", type=count("workers"), default=4,
+                   help="worker processes at most for the scaling run (1, 2, 4, 8 up to W)")
+    p.add_argument("--peers", action="store_true",
+                   help="also procrastinate and PgQueuer (pip install -e .[bench])")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
-    args = p.parse_args(argv)
-    if args.jobs < 1 or args.repeats < 1:
-        p.error("--jobs and --repeats must be at least 1")
-    result = run(args.jobs, args.repeats,
-                 progress=lambda name, rate: print(f"  {name:20} {rate:8.0f} jobs/s",
-                                                   file=sys.stderr, flush=True))
-    r = result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tenantlab bench", description=__doc__)
+    add_arguments(p)
+    return cmd_bench(p.parse_args(argv))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run ``tenantlab bench`` with parsed arguments."""
+    def progress(name: str, value: Any) -> None:
+        shown = f"{value:8.0f} jobs/s" if isinstance(value, float) else str(value)
+        print(f"  {name:24} {shown}", file=sys.stderr, flush=True)
+
+    r = run(args.jobs, args.rounds, args.history, args.workers, args.peers, progress)
     print(f"PostgreSQL {r['server_version']} (fsync {r['settings']['fsync']}, synchronous_commit "
           f"{r['settings']['synchronous_commit']}), {r['jobs']} no-op jobs, median of "
-          f"{r['repeats']} runs, one worker")
-    for name in DESIGNS:
-        print(f"  {name:20} {r['jobs_per_second'][name]:8.0f} jobs/s  "
-              f"{r['ms_per_job'][name]:.3f} ms/job")
-    print(f"  leased costs {r['cost_ratio_leased_vs_single']:.2f}x the single transaction per job "
-          f"({r['cost_ratio_durable_claim_vs_single']:.2f}x with a durable claim: two fsyncs)")
+          f"{r['rounds']} rounds")
+    for name, v in r["results"].items():
+        print(f"  {name:24} {v['jobs_per_s']:8.0f} jobs/s  {v['ms_per_job']:.3f} ms/job")
+    for h, v in r["history"].items():
+        print(f"  claim with {int(h):>9,} finished jobs: {v['claim_ms']:.3f} ms "
+              f"({v['claim_ms_empty_queue']:.3f} ms on an empty queue)")
+    for name, v in r["idle_latency_ms"].items():
+        print(f"  idle latency {name:12} median {v['median']:.1f} ms, p95 {v['p95']:.1f} ms")
+    for name, v in r["ratios"].items():
+        print(f"  {name:32} {v:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+            json.dump(r, f, indent=2)
     return 0
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from . import db, reproduce, settings, worker
+from . import db, reproduce, settings
 from .errors import TenantlabError
 from .experiments import FINDINGS
 from .server import REPO, ServerError, alive, embedded, port_free
@@ -235,7 +235,7 @@ def parser() -> argparse.ArgumentParser:
     un.add_argument("--yes", action="store_true", help="remove them (without: only list them)")
     un.set_defaults(func=cmd_uninstall)
 
-    worker.add_arguments(sub)  # worker, enqueue, reap
+    add_queue_commands(sub)  # worker, enqueue, reap, bench, export-worker
     return p
 
 
@@ -276,3 +276,146 @@ def explain(e: BaseException) -> str | None:
                 f"check {where} (is it running, are the user and password right?); "
                 "`tenantlab status` tells which server is used")
     return None
+
+
+# --- the queue: worker, enqueue, reap, bench, export-worker ----------------------------------
+
+DSN_HELP = ("database to work on (default: TENANTLAB_DSN, else the playground database); "
+            "always logs in as tenantlab_worker")
+
+
+def _tenant(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"tenant must be a number from 1 to 100, not {text!r}")
+    return value
+
+
+def add_queue_commands(sub: argparse._SubParsersAction) -> None:
+    """Add the worker, enqueue, reap, bench and export-worker subcommands."""
+    from . import kinds
+    from .jobqueue.options import add_flags, count, seconds
+    from .worker import WorkerConfig
+
+    w = sub.add_parser("worker", help="run a worker: claim and run jobs until stopped")
+    add_flags(w, WorkerConfig)
+    w.add_argument("--events", default="-", help="event log file (default: stdout)")
+    w.add_argument("--dsn", default=None, help=DSN_HELP)
+    w.set_defaults(func=cmd_worker)
+
+    e = sub.add_parser("enqueue", help="queue jobs")
+    e.add_argument("--kind", required=True, choices=list(kinds.handlers), help="what the job does")
+    e.add_argument("--tenant", type=_tenant, default=None,
+                   help="tenant 1..100 (default: spread over all)")
+    e.add_argument("--count", type=count("count"), default=1, help="how many jobs")
+    e.add_argument("--seconds", type=seconds("seconds", zero=True), default=0.0,
+                   help="work duration (sleep, crash)")
+    e.add_argument("--max-attempts", type=count("max-attempts"), default=3,
+                   help="attempts before dead")
+    e.add_argument("--dsn", default=None, help=DSN_HELP)
+    e.set_defaults(func=cmd_enqueue)
+
+    r = sub.add_parser("reap", help="move exhausted jobs whose lease expired to dead")
+    r.add_argument("--requeue", action="store_true",
+                   help="also requeue expired jobs that have attempts left")
+    r.add_argument("--grace", type=seconds("grace", zero=True), default=0.0,
+                   help="seconds past the lease before acting")
+    r.add_argument("--loop", type=seconds("loop"), default=None,
+                   help="keep reaping every S seconds until stopped")
+    r.add_argument("--max-outage", type=seconds("max-outage"), default=None,
+                   help="with --loop: exit (status 3) after S seconds without the server")
+    r.add_argument("--dsn", default=None, help=DSN_HELP)
+    r.set_defaults(func=cmd_reap)
+
+    b = sub.add_parser("bench", help="what the queue costs per job: the designs side by side")
+    from . import bench
+
+    bench.add_arguments(b)
+    b.set_defaults(func=bench.cmd_bench)
+
+    x = sub.add_parser("export-worker",
+                       help="write the corrected worker into DIR as a standalone package")
+    x.add_argument("dir", metavar="DIR", help="directory to write into (created if missing)")
+    x.add_argument("--name", default="jobqueue", help="the package's name (default: jobqueue)")
+    x.set_defaults(func=cmd_export_worker)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .events import EventLog
+    from .jobqueue import EXIT_CONFIG, EXIT_SERVER_LOST, EXIT_STOPPED, ConfigError, ServerLost
+    from .jobqueue.options import from_args
+    from .jobqueue.worker import stop_on_signals
+    from .worker import WorkerConfig, lab_worker, worker_dsn
+
+    try:
+        config = from_args(WorkerConfig, args)
+        config.make_design()  # refuse what cannot work before connecting
+    except ConfigError as e:
+        print(f"tenantlab worker: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    config.name = config.name or f"worker-{os.getpid()}"
+    events = EventLog(config.name, args.events)
+    try:
+        worker = lab_worker(worker_dsn(args.dsn), config, events)
+        stop_on_signals(worker)
+        worker.run()
+    except ServerLost as e:
+        print(f"tenantlab worker: {e}", file=sys.stderr)
+        return EXIT_SERVER_LOST
+    finally:
+        events.close()
+    return EXIT_STOPPED
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    from . import queue
+    from .worker import worker_dsn
+
+    with db.connect(worker_dsn(args.dsn), "enqueue", autocommit=True) as conn:
+        ids = queue.enqueue(conn, args.kind, tenant=args.tenant, count=args.count,
+                            seconds=args.seconds, max_attempts=args.max_attempts)
+    span = f"{ids[0]}" if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
+    print(f"queued {len(ids)} {args.kind} job{'s' if len(ids) != 1 else ''}: id {span}")
+    return 0
+
+
+def cmd_reap(args: argparse.Namespace) -> int:
+    from .events import EventLog
+    from .jobqueue import EXIT_SERVER_LOST, ServerLost
+    from .jobqueue.cli import run_reaper
+    from .reaper import Reaper, ReaperConfig
+    from .worker import worker_dsn
+
+    config = ReaperConfig(grace=args.grace, requeue=args.requeue,
+                          interval=args.loop or ReaperConfig.interval)
+    dsn = worker_dsn(args.dsn)
+    if args.loop is None:
+        with db.connect(dsn, "reaper", autocommit=True) as conn:
+            reaped = Reaper(conn, config).run_once()
+        for job in reaped:
+            print(f"job {job['id']}: {job['status']} (attempts {job['attempts']})")
+        print(f"reaped {len(reaped)} job{'s' if len(reaped) != 1 else ''}")
+        return 0
+    try:
+        run_reaper(dsn, config, max_outage=args.max_outage, events=EventLog("reaper"))
+    except ServerLost as e:
+        print(f"tenantlab reap: {e}", file=sys.stderr)
+        return EXIT_SERVER_LOST
+    return 0
+
+
+def cmd_export_worker(args: argparse.Namespace) -> int:
+    from .jobqueue.export import export
+
+    try:
+        dest = export(args.dir, args.name)
+    except ValueError as e:
+        print(f"tenantlab export-worker: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {dest} and {Path(args.dir) / 'README.md'}", file=sys.stderr)
+    # Last line: the command that starts the exported worker (nothing else on PYTHONPATH needed).
+    print(f"PYTHONPATH={Path(args.dir).resolve()} python -m {args.name} --dsn DSN")
+    return 0

@@ -1,69 +1,72 @@
-"""Run one job's work by its kind: count, sleep, fail, crash, noop, outside (tenantlab/outside.py).
+"""The demo job kinds, registered as handlers of the production worker: ``kinds.handlers``.
 
-Each kind runs inside the work's transaction, with the tenant already set locally and the
-``job_runs`` row already written. Add a kind by adding a function to ``KINDS``.
+count, sleep, fail, crash, noop, outside (tenantlab/outside.py). Each runs inside the work's
+transaction, with the tenant already set locally and the ``job_runs`` row already written;
+``job.events`` is the worker's event log. Add a kind with ``@handlers.register("name")``.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
+from .jobqueue import Claim, Handlers, UnknownKind
 from .outside import call as outside
 from .queries import q
 from .tenant import count_invoices
 
-if TYPE_CHECKING:
-    from .events import EventLog
-    from .queue import Claim
+__all__ = ["KINDS", "UnknownKind", "count", "crash", "fail", "handlers", "noop", "outside", "run",
+           "seconds"]
 
-Kind = Callable[[psycopg.Connection, "Claim", "EventLog"], Any]
-
-
-class UnknownKind(ValueError):
-    """A job whose kind no worker knows: it fails like any other error."""
+handlers = Handlers()
 
 
-def count(conn: psycopg.Connection, claim: Claim, events: EventLog) -> int:
+def seconds(job: Claim) -> float:
+    """Return how long a demo job works: its payload's ``seconds`` (0 when absent)."""
+    return float(job.payload.get("seconds") or 0)
+
+
+@handlers.register("count")
+def count(conn: psycopg.Connection, job: Claim) -> int:
     """Count the invoices the tenant context can see (row-level security decides)."""
     return count_invoices(conn)
 
 
-def sleep(conn: psycopg.Connection, claim: Claim, events: EventLog) -> None:
+@handlers.register("sleep")
+def sleep(conn: psycopg.Connection, job: Claim) -> None:
     """Hold the transaction open for the job's seconds, as slow work would."""
-    time.sleep(claim.seconds)
+    time.sleep(seconds(job))
 
 
-def fail(conn: psycopg.Connection, claim: Claim, events: EventLog) -> None:
+@handlers.register("fail")
+def fail(conn: psycopg.Connection, job: Claim) -> None:
     """Raise division_by_zero from the server, every time: the poison pill."""
     conn.execute(q("poison"))
 
 
-def crash(conn: psycopg.Connection, claim: Claim, events: EventLog) -> None:
+@handlers.register("crash")
+def crash(conn: psycopg.Connection, job: Claim) -> None:
     """End the worker process mid-work, skipping every handler (as an OOM kill would)."""
-    time.sleep(claim.seconds)
+    time.sleep(seconds(job))
     # The line goes out before the process ends: experiments see the crash coming.
-    events.emit("crash", job=claim.id, attempt=claim.attempt, tenant=claim.tenant_id)
+    job.events.emit("crash", job=job.id, attempt=job.attempt, tenant=job.tenant_id)
     os._exit(1)
 
 
-def noop(conn: psycopg.Connection, claim: Claim, events: EventLog) -> None:
+@handlers.register("noop")
+def noop(conn: psycopg.Connection, job: Claim) -> None:
     """Do nothing: what the benchmark measures is the queue itself."""
 
 
-KINDS: dict[str, Kind] = {"count": count, "sleep": sleep, "fail": fail, "crash": crash,
-                          "noop": noop, "outside": outside}
+handlers.add("outside", outside)
+
+#: The kinds by name (a read-only view of ``handlers``).
+KINDS = handlers
 
 
-def run(conn: psycopg.Connection, claim: Claim, events: EventLog) -> Any:
+def run(conn: psycopg.Connection, job: Claim) -> Any:
     """Run the claimed job's kind."""
-    try:
-        kind = KINDS[claim.kind]
-    except KeyError:
-        raise UnknownKind(f"job {claim.id} has unknown kind {claim.kind!r}; "
-                          f"known: {', '.join(KINDS)}") from None
-    return kind(conn, claim, events)
+    return handlers.run(conn, job)

@@ -26,8 +26,7 @@ import psycopg
 from . import settings
 
 if TYPE_CHECKING:
-    from .events import EventLog
-    from .queue import Claim
+    from .jobqueue import Claim
 
 FILE_ENV, HANG_ENV = "TENANTLAB_OUTSIDE", "TENANTLAB_OUTSIDE_HANG"
 
@@ -49,16 +48,17 @@ def hang() -> float:
     return value
 
 
-def call(conn: psycopg.Connection, claim: Claim, events: EventLog) -> None:
+def call(conn: psycopg.Connection, claim: Claim) -> None:
     """Work for the job's seconds, then record one execution outside the database."""
-    time.sleep(claim.seconds)
+    events = claim.events
+    time.sleep(float(claim.payload.get("seconds") or 0))
     if claim.attempt == 1 and (stuck := hang()):
         events.emit("stuck", job=claim.id, attempt=claim.attempt, seconds=stuck)
         time.sleep(stuck)
     # No lease check before the call, on purpose: a check here would only narrow the window,
     # and the article's point is what happens when a late worker reaches this line.
     line = json.dumps({"t": time.time(), "job": claim.id, "attempt": claim.attempt,
-                       "worker": events.worker, "pid": os.getpid()}) + "\n"
+                       "worker": claim.worker, "pid": os.getpid()}) + "\n"
     fd = os.open(path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line.encode())  # one write: several workers may append at once

@@ -1,38 +1,48 @@
-"""Load the schema and the named queries from ``sql/*.sql``.
+"""Load the schema and the named queries: the production worker's, then the lab's ``sql/lab``.
 
-Each file holds one concern: its DDL first, then queries, each introduced by ``-- name: NAME``.
-Python looks queries up by name and passes parameters; it never formats SQL.
+The corrected worker's SQL lives with it (``tenantlab/jobqueue/sql``: ``schema.sql`` and
+``queries.sql``); the lab's is in ``sql/lab/*.sql``, one file per concern, DDL first, then
+queries, each introduced by ``-- name: NAME``. The template database is built from the
+production schema, then the lab's DDL in ``LAB_ORDER``. Python looks queries up by name and
+passes parameters; it never formats SQL.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from functools import cache
 from pathlib import Path
 
 from . import settings
+from .jobqueue import queries as production
 
 SQL_DIR = settings.sql_dir() or Path(__file__).resolve().parent.parent / "sql"
-_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+LAB_DIR = SQL_DIR / "lab"
+#: Lab files whose DDL must run in this order (after the production schema); the rest hold
+#: queries only.
+LAB_ORDER = ("roles.sql", "tenants.sql", "jobs.sql")
+
+
+def files() -> list[Path]:
+    """Return every SQL file, in the order the template applies their DDL."""
+    if not LAB_DIR.is_dir():
+        raise FileNotFoundError(f"no sql/lab directory at {LAB_DIR}: set TENANTLAB_SQL")
+    lab = sorted(LAB_DIR.glob("*.sql"), key=lambda p: (p.name not in LAB_ORDER,
+                                                       LAB_ORDER.index(p.name)
+                                                       if p.name in LAB_ORDER else 0, p.name))
+    return [production.SQL_DIR / "schema.sql", production.SQL_DIR / "queries.sql", *lab]
 
 
 @cache
 def _parse() -> tuple[tuple[tuple[str, str], ...], dict[str, str]]:
-    if not SQL_DIR.is_dir():
-        raise FileNotFoundError(f"no sql directory at {SQL_DIR}: set TENANTLAB_SQL")
     ddl, queries = [], {}
-    for path in sorted(SQL_DIR.glob("*.sql")):
-        parts = _NAME.split(path.read_text())
-        ddl.append((path.name, parts[0]))
-        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+    for path in files():
+        text, named = production.parse(path.read_text())
+        ddl.append((path.name, text))
+        for name, body in named.items():
             if name in queries:
                 raise ValueError(f"query {name!r} is defined twice (second time in {path.name})")
-            # Drop the trailing comment lines that introduce the next query.
-            lines = body.strip().splitlines()
-            while lines and lines[-1].lstrip().startswith("--"):
-                lines.pop()
-            queries[name] = "\n".join(lines).strip()
+            queries[name] = body
     return tuple(ddl), queries
 
 
@@ -57,7 +67,7 @@ def schema() -> list[tuple[str, str]]:
 def schema_version() -> str:
     """Return a short hash of every SQL file: the template is rebuilt when it changes."""
     h = hashlib.sha256()
-    for path in sorted(SQL_DIR.glob("*.sql")):
+    for path in files():
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 

@@ -15,11 +15,15 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from . import db
+from .jobqueue.tenant import TenantContextError, set_tenant_local
 from .queries import q
+
+__all__ = ["TenantContextError", "count_invoices", "current_tenant", "discard_all",
+           "one_connection_pool", "pool_log", "reset_idle", "reset_leaving_transaction",
+           "set_tenant", "set_tenant_local"]
 
 POOL_LOGGER = "psycopg.pool"
 
@@ -29,23 +33,14 @@ DEFAULT_PREPARE_THRESHOLD = 5
 Reset = Callable[[psycopg.Connection], None]
 
 
-class TenantContextError(Exception):
-    """The tenant context cannot be set the way it was asked for."""
-
-
 def set_tenant(conn: psycopg.Connection, tenant: int, *, local: bool = True) -> None:
     """Make `tenant` the connection's tenant context: for this transaction (local) or session."""
+    if local:
+        set_tenant_local(conn, tenant)  # the corrected worker's own form
+        return
     if isinstance(tenant, bool) or not isinstance(tenant, int):
         raise TenantContextError(f"tenant must be an int, not {tenant!r}")
-    if local and conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-        # In autocommit the statement is its own transaction: the setting would end before the
-        # next statement runs, and the job would silently see no rows.
-        raise TenantContextError(
-            "local tenant context needs a transaction: in autocommit, set it inside "
-            "`with conn.transaction():`"
-        )
-    name = "tenant_set_local" if local else "tenant_set_session"
-    conn.execute(q(name), {"tenant": str(tenant)})
+    conn.execute(q("tenant_set_session"), {"tenant": str(tenant)})
 
 
 def count_invoices(conn: psycopg.Connection) -> int:

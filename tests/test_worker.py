@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tenantlab import db, events, queue, worker
+from tenantlab.experiments._workers import fleet
 from tenantlab.queries import q
 
 pytestmark = pytest.mark.slow
@@ -99,7 +100,7 @@ def test_fleet_ends_every_worker_and_its_backend(scratch: db.Scratch, admin_dsn:
                                                  tmp_path: Path) -> None:
     with scratch.connect("worker", "test fleet", autocommit=True) as conn:
         queue.enqueue(conn, "sleep", tenant=1, seconds=0.5)
-    with worker.fleet(scratch.worker) as f:
+    with fleet(scratch.worker) as f:
         procs = [f.start(design=d, name=f"idle-{d}", events=tmp_path / "ev.jsonl", poll=0.05)
                  for d in ("single", "leased")]
         wait_for(lambda: len(_backends(admin_dsn, scratch.name)) == 2, what="two workers")

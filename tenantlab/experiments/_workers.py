@@ -1,13 +1,19 @@
 """Run child worker processes for an experiment, with an event log and a live timeline.
 
-``with workers_run("crash", live) as run:`` gives a scratch database (``run.scratch``), an
-event log file that every worker appends to, and ``run.start(...)`` / ``run.wait(proc)`` that
-redraw the live timeline while they wait. Everything is ended on the way out, also on Ctrl-C.
+``Fleet`` starts ``tenantlab worker`` processes (a crashing job ends only its own process, never
+the notebook kernel) and always ends them. ``with workers_run("crash", live) as run:`` gives a
+scratch database (``run.scratch``), an event log file that every worker appends to, and
+``run.start(...)`` / ``run.wait(proc)`` that redraw the live timeline while they wait.
+Everything is ended on the way out, also on Ctrl-C.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -17,18 +23,84 @@ from typing import Any
 
 import pandas as pd
 
-from .. import db, events, worker
+from .. import db, events
 from ..charts import timeline
+from ..jobqueue.options import to_argv
+from ..worker import WorkerConfig
+
+log = logging.getLogger("tenantlab")
+
+
+def command(*, events: str | Path, **options: Any) -> list[str]:
+    """Return the argv that starts one worker process (options: ``WorkerConfig``'s fields)."""
+    return [sys.executable, "-m", "tenantlab", "worker", *to_argv(WorkerConfig(**options)),
+            "--events", str(events)]
+
+
+class Fleet:
+    """Child worker processes that are always ended: ``with fleet(dsn) as f: f.start(...)``."""
+
+    def __init__(self, dsn: str) -> None:
+        # The DSN (with its password) goes through the environment, not the command line.
+        self.env = dict(os.environ, TENANTLAB_DSN=dsn)
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, **options: Any) -> subprocess.Popen:
+        """Start one worker (``events=`` the event log file, the rest ``WorkerConfig``'s fields)."""
+        proc = subprocess.Popen(command(**options), env=self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        return proc
+
+    def wait(self, proc: subprocess.Popen, timeout: float = 60.0, tick: Any = None) -> int:
+        """Wait for one worker to exit, calling tick() every 0.2 s (live charts)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired as e:
+                if tick:
+                    tick()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"worker pid {proc.pid} still running after {timeout} s") from e
+        if tick:
+            tick()
+        return code
+
+    def close(self) -> None:
+        """Ask every live worker to stop, then kill what is left; read their stderr."""
+        live = [p for p in self.procs if p.poll() is None]
+        for p in live:
+            p.terminate()
+        for p in self.procs:
+            try:
+                _, err = p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                _, err = p.communicate()
+            if err and p.returncode not in (0, 1, -signal.SIGTERM):
+                log.warning("worker pid %s exited %s: %s", p.pid, p.returncode, err[-500:])
+
+
+@contextmanager
+def fleet(dsn: str) -> Iterator[Fleet]:
+    f = Fleet(dsn)
+    try:
+        yield f
+    finally:
+        f.close()
 
 
 class WorkersRun:
-    def __init__(self, scratch: db.Scratch, fleet: worker.Fleet, path: Path,
+    def __init__(self, scratch: db.Scratch, fleet: Fleet, path: Path,
                  live: Any = None) -> None:
         self.scratch, self.fleet, self.path, self.live = scratch, fleet, path, live
         self.t0 = time.time()
 
     def start(self, **options: Any) -> subprocess.Popen:
-        """Start one worker process (options as for ``tenantlab.worker.command``)."""
+        """Start one worker process (options: ``WorkerConfig``'s fields)."""
         return self.fleet.start(events=self.path, **options)
 
     def wait(self, proc: subprocess.Popen, timeout: float = 60.0) -> int:
@@ -70,7 +142,7 @@ class WorkersRun:
 @contextmanager
 def workers_run(label: str, live: Any = None) -> Iterator[WorkersRun]:
     with (db.scratch(label) as s, tempfile.TemporaryDirectory(prefix="tenantlab-") as tmp,
-          worker.fleet(s.worker) as fleet):
-        run = WorkersRun(s, fleet, Path(tmp) / "events.jsonl", live)
+          fleet(s.worker) as workers):
+        run = WorkersRun(s, workers, Path(tmp) / "events.jsonl", live)
         yield run
         run.tick()

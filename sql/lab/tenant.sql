@@ -7,9 +7,7 @@
 -- name: tenant_set_session
 select set_config('app.tenant', %(tenant)s, false);
 
--- Run by tenantlab.tenant.set_tenant(local=True): the corrected form, inside the job's transaction.
--- name: tenant_set_local
-select set_config('app.tenant', %(tenant)s, true);
+-- The local form (tenant_set_local) is the corrected worker's: tenantlab/jobqueue/sql/queries.sql.
 
 -- Run by the leak experiment's borrower: which tenant context a connection carries ('' or null: none).
 -- name: tenant_current

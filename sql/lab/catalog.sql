@@ -34,3 +34,11 @@ select datname from pg_database where datname like 'tenantlab\_%%\_%%\_%%' order
 -- Run by tenantlab.db.schema_of: the comment that records a database's schema version.
 -- name: database_comment
 select shobj_description(oid, 'pg_database') from pg_database where datname = %(name)s;
+
+-- Run by tenantlab.worker.playground_dsn around its check-and-clone: processes started together
+-- (five `tenantlab enqueue` at once) clone the playground once, and none drops it under another.
+-- name: playground_lock
+select pg_advisory_lock(hashtext('tenantlab playground'));
+
+-- name: playground_unlock
+select pg_advisory_unlock(hashtext('tenantlab playground'));

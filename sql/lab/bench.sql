@@ -1,0 +1,34 @@
+-- The benchmark (tenantlab/bench.py, `tenantlab bench`): no DDL; it works in a scratch database.
+
+-- Run by tenantlab.bench: the server settings that decide what a commit costs.
+-- name: bench_setting
+select current_setting(%(name)s);
+
+-- Run by tenantlab.bench as admin: `n` jobs finished long ago, the history a queue lives with.
+-- name: bench_fill_history
+insert into jobs (tenant_id, kind, status, attempts, created, finished)
+select 1 + g %% 100, 'noop', 'done', 1, clock_timestamp() - interval '1 day',
+       clock_timestamp() - interval '1 day'
+from generate_series(1, %(n)s::int) as g;
+
+-- Run by tenantlab.bench: a no-op round trip, the floor under every design.
+-- name: bench_select1
+select 1;
+
+-- Run by tenantlab.bench after an idle-latency run: from a job's insert to its execution's
+-- start, in milliseconds (one server clock for both).
+-- name: bench_latency_ms
+select extract(epoch from r.started - j.created) * 1000 as ms
+  from jobs j join job_runs r on r.job_id = j.id
+ order by j.id;
+
+-- Run by tenantlab.bench after worker processes drained the queue: from the first execution's
+-- start to the last one's finish (process start-up left out).
+-- name: bench_span
+select count(*) as jobs, extract(epoch from max(finished) - min(started)) as seconds
+  from job_runs where finished is not null;
+
+-- Run by tenantlab.bench after a drain: when each execution finished, in seconds, in order
+-- (the first tenth of a run against its last: flat, or slowing down as history piles up).
+-- name: bench_finish_times
+select extract(epoch from finished)::float8 from job_runs where finished is not null order by finished;

@@ -1,0 +1,201 @@
+"""The command line: ``python -m tenantlab.jobqueue [worker|reap|prune|schema] --dsn DSN``.
+
+``worker`` (the default) runs jobs with the handlers an application registered
+(``--handlers myapp.jobs`` imports that module first); ``reap`` gives expired leases a final
+state, once or ``--loop S``; ``prune --older-than S`` deletes finished jobs in batches;
+``schema`` creates the tables if they are missing. The DSN may come from ``JOBQUEUE_DSN``
+instead of the command line (where ``ps`` would show its password).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+
+from . import worker as w
+from .handlers import Handlers
+from .handlers import handlers as default_handlers
+from .jobs import ConfigError, JobQueueError
+from .options import WorkerOptions, add_flags, count, from_args, seconds
+from .queries import q, schema
+from .reaper import Reaper, ReaperConfig, prune
+
+PROG = f"python -m {__package__}"
+DSN_ENV = "JOBQUEUE_DSN"
+COMMANDS = ("worker", "reap", "prune", "schema")
+
+
+def load_handlers(spec: str | None) -> Handlers:
+    """Import ``module`` or ``module:attribute`` and return its handlers.
+
+    The attribute (default ``handlers``) may be a ``Handlers`` or a mapping kind -> function;
+    a module without one registered into this package's default registry as it was imported.
+    """
+    if not spec:
+        return default_handlers
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"cannot import handlers module {module_name!r}: {e}") from e
+    found = getattr(module, attr or "handlers", None)
+    if found is None:
+        if attr:
+            raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
+        return default_handlers
+    if isinstance(found, Handlers):
+        return found
+    if isinstance(found, Mapping):
+        return Handlers(found)
+    raise ConfigError(f"{spec} is a {type(found).__name__}, not a Handlers or a mapping "
+                      "from kind to function")
+
+
+def apply_schema(conn: psycopg.Connection) -> None:
+    """Create the tables and indexes unless they exist; safe when many processes start at once."""
+    with conn.transaction():
+        conn.execute(q("schema_lock"))
+        conn.execute(schema())
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true", help="log every job (any position)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    dsn: dict[str, Any] = {"default": os.environ.get(DSN_ENV),
+           "help": f"the database (default: ${DSN_ENV}); log in as an ordinary role"}
+
+    run = sub.add_parser("worker", help="run jobs until stopped (the default command)")
+    run.add_argument("--dsn", **dsn)
+    run.add_argument("--handlers", metavar="MODULE[:ATTR]", default=None,
+                     help="import MODULE for its handlers (default: the registry of this package)")
+    add_flags(run, WorkerOptions)
+    run.set_defaults(func=cmd_worker)
+
+    reap = sub.add_parser("reap", help="give jobs whose lease expired a final state")
+    reap.add_argument("--dsn", **dsn)
+    reap.add_argument("--requeue", action="store_true",
+                      help="also requeue expired jobs that have attempts left")
+    reap.add_argument("--grace", type=seconds("grace", zero=True), default=0.0,
+                      help="seconds past the lease before acting")
+    reap.add_argument("--loop", type=seconds("loop"), default=None,
+                      help="keep reaping every S seconds until stopped")
+    reap.add_argument("--max-outage", type=seconds("max-outage"), default=None,
+                      help="with --loop: exit (status 3) after S seconds without the server")
+    reap.set_defaults(func=cmd_reap)
+
+    pr = sub.add_parser("prune", help="delete finished jobs and runs older than an age, in batches")
+    pr.add_argument("--dsn", **dsn)
+    pr.add_argument("--older-than", type=seconds("older-than", zero=True), required=True,
+                    help="age in seconds (e.g. 604800 for a week)")
+    pr.add_argument("--batch", type=count("batch"), default=1000, help="rows per transaction")
+    pr.set_defaults(func=cmd_prune)
+
+    sc = sub.add_parser("schema", help="create the tables unless they exist (as their owner)")
+    sc.add_argument("--dsn", **dsn)
+    sc.set_defaults(func=cmd_schema)
+    return p
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    options = from_args(WorkerOptions, args)
+    handlers = load_handlers(args.handlers)
+    if not handlers:
+        print(f"{PROG}: no handlers registered (see --handlers): every job will fail",
+              file=sys.stderr)
+    worker = w.Worker(args.dsn, options, handlers)
+    w.stop_on_signals(worker)
+    worker.run()
+    return w.EXIT_STOPPED
+
+
+def cmd_reap(args: argparse.Namespace) -> int:
+    config = ReaperConfig(grace=args.grace, requeue=args.requeue,
+                          interval=args.loop or ReaperConfig.interval)
+    if args.loop is None:
+        with w.connect(args.dsn, "reaper") as conn:
+            reaped = Reaper(conn, config).run_once()
+        for job in reaped:
+            print(f"job {job['id']}: {job['status']} (attempts {job['attempts']})")
+        print(f"reaped {len(reaped)} job{'s' if len(reaped) != 1 else ''}")
+        return 0
+    run_reaper(args.dsn, config, max_outage=args.max_outage)
+    return 0
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT: the reaper finishes its batch, then stops."""
+
+    stopped = False
+
+    def stop(self, signum: int | None = None, frame: object = None) -> None:
+        self.stopped = True
+
+
+def run_reaper(dsn: str, config: ReaperConfig, *, max_outage: float | None = None,
+               events: Any = None) -> int:
+    """Reap every interval until SIGTERM/SIGINT, reconnecting like a worker; return the count."""
+    flag = StopFlag()
+    outage = w.Outage("reaper", max_outage)
+    w.stop_on_signals(flag)
+    total = 0
+    while not flag.stopped:
+        try:
+            with w.connect(dsn, "reaper") as conn:
+                outage.ok()
+                total += Reaper(conn, config, events).run_forever(stop=lambda: flag.stopped)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+            outage.failed(e)
+    return total
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    with w.connect(args.dsn, "prune") as conn:
+        gone = prune(conn, args.older_than, batch=args.batch)
+    print(f"pruned {gone['jobs']} jobs and {gone['job_runs']} job_runs rows")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    with w.connect(args.dsn, "schema") as conn:
+        apply_schema(conn)
+    print("schema ready")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = bool({"-v", "--verbose"} & set(argv))
+    argv = [a for a in argv if a not in ("-v", "--verbose")]
+    if not any(a in COMMANDS for a in argv[:2]) and not {"-h", "--help"} & set(argv[:1]):
+        argv.insert(0, "worker")  # `python -m NAME --dsn DSN` runs a worker
+    p = parser()
+    args = p.parse_args(argv)
+    if args.command is None:
+        p.print_help()
+        return w.EXIT_CONFIG
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format=f"{w.APP}: %(message)s")
+    if not args.dsn:
+        p.error(f"--dsn is required (or set {DSN_ENV})")
+    try:
+        return int(args.func(args))
+    except ConfigError as e:
+        print(f"{PROG} {args.command}: {e}", file=sys.stderr)
+        return w.EXIT_CONFIG
+    except w.ServerLost as e:
+        print(f"{PROG} {args.command}: {e}", file=sys.stderr)
+        return w.EXIT_SERVER_LOST
+    except JobQueueError as e:
+        print(f"{PROG} {args.command}: {e}", file=sys.stderr)
+        return w.EXIT_CRASHED
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,293 @@
+"""Keep the leases of every job a worker holds fresh, from one thread on one connection.
+
+A lease is a guess at the longest job: a job that outlives it is claimed again while it still
+runs. A heartbeat replaces the guess. One ``Heartbeats`` per worker process runs
+``heartbeat_if_owner_many`` every ``interval`` seconds for all the jobs the worker holds (a
+batch claim holds several), which extends each lease by one ``lease``, only for the attempt
+this worker claimed. A job leaves the heartbeat when
+
+- its work ends (``release``, before the finish: a beat never races its own completion);
+- the fence says its lease was lost (no row back: another attempt owns it) -> ``lease-lost``;
+- its **maximum runtime** is reached -> ``abandon``. A stuck-but-alive worker would otherwise
+  beat forever; after the limit its lease runs out, another worker may claim the job, and the
+  fence keeps the stuck worker's late writes out.
+
+Hazard: a beat that comes too late (a paused process, a lost connection) lets the lease
+expire; the fenced finish stays the last defence. Stopping the beat does not stop the work:
+Python cannot interrupt a stuck call, which is exactly why the fence is still needed. A lost
+connection is logged once and reopened at the next beat; the work carries on meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from .jobs import Claim, ConfigError
+from .queries import q
+
+APP = (__package__ or "jobqueue").split(".")[0]
+log = logging.getLogger(APP)
+
+
+class HeartbeatError(ConfigError):
+    """A heartbeat or maximum runtime that cannot work with the lease it is given."""
+
+
+@dataclass(frozen=True)
+class HeartbeatConfig:
+    """How often to extend the leases, by how much, and for how long at most.
+
+    ``interval``: seconds between beats; must be shorter than ``lease``, or the lease expires
+    between two beats. ``max_runtime``: seconds after the claim at which the job leaves the
+    heartbeat and is abandoned (None: beat as long as the work runs).
+    """
+
+    lease: float
+    interval: float
+    max_runtime: float | None = None
+
+    def __post_init__(self) -> None:
+        check(self.lease, self.interval, self.max_runtime)
+
+
+def check(lease: float, interval: float | None, max_runtime: float | None) -> None:
+    """Refuse a heartbeat interval or maximum runtime that cannot work; say why."""
+    if interval is not None:
+        if not interval > 0:
+            raise HeartbeatError(
+                f"heartbeat interval must be a positive number of seconds, not {interval!r}")
+        if not interval < lease:
+            raise HeartbeatError(
+                f"heartbeat interval ({interval:g} s) must be shorter than the lease ({lease:g} s): "
+                "otherwise the lease expires between two beats and another worker takes the job")
+    if max_runtime is not None:
+        if not max_runtime > 0:
+            raise HeartbeatError(
+                f"maximum runtime must be a positive number of seconds, not {max_runtime!r}")
+        if interval is None:
+            raise HeartbeatError(
+                "a maximum runtime needs a heartbeat: it is the moment the heartbeat stops; "
+                "without one the lease alone already limits the job")
+
+
+def dsn_of(conn: psycopg.Connection) -> str:
+    """Return a DSN that opens another session like `conn` (same server, database and role)."""
+    # info.dsn leaves the password out on purpose; the heartbeat needs it to log in.
+    return make_conninfo(conn.info.dsn, password=conn.info.password or None)
+
+
+@dataclass(eq=False)
+class Held:
+    """One job in the heartbeat: how many beats extended it, and how it left."""
+
+    claim: Claim
+    since: float
+    next_beat: float
+    deadline: float | None
+    beats: int = 0
+    lost: bool = False
+    abandoned: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Heartbeats:
+    """Extend the lease of every held job, from one thread and one connection per worker.
+
+    ``hold(claim)`` at the claim, ``release(claim)`` when its work ends; ``close()`` at the end.
+    The thread starts with the first held job and ends (closing its connection) after
+    ``linger`` seconds with nothing held, so a worker between bursts keeps no session open.
+    """
+
+    def __init__(self, dsn: str, config: HeartbeatConfig, *, name: str = "worker",
+                 linger: float | None = None) -> None:
+        self.dsn, self.config, self.name = dsn, config, name
+        self.linger = linger if linger is not None else max(2 * config.interval, 1.0)
+        self._held: dict[tuple[int, int], Held] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self.connections = 0  # sessions opened so far (one per burst, not one per job)
+
+    def hold(self, claim: Claim) -> Held:
+        """Start extending the claim's lease; its maximum runtime counts from now."""
+        now = time.monotonic()
+        c = self.config
+        held = Held(claim, now, now + c.interval,
+                    now + c.max_runtime if c.max_runtime is not None else None)
+        with self._lock:
+            self._held[(claim.id, claim.attempt)] = held
+            if self._thread is None or not self._thread.is_alive():
+                self._closing = False
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"{self.name} heartbeat")
+                self._thread.start()
+            self._wake.notify()
+        return held
+
+    def release(self, claim: Claim) -> Held | None:
+        """Stop extending the claim's lease (its work ended); return what it saw."""
+        with self._lock:
+            held = self._held.pop((claim.id, claim.attempt), None)
+        if held is not None:
+            held.done.set()
+        return held
+
+    def close(self) -> None:
+        """Stop the thread and close its connection (at most one beat's query to wait)."""
+        with self._lock:
+            self._closing = True
+            self._wake.notify()
+            thread = self._thread
+        if thread is not None and thread.is_alive():
+            thread.join(timeout=15)
+
+    def _run(self) -> None:
+        conn: psycopg.Connection | None = None
+        failing = False
+        idle_since: float | None = None
+        try:
+            while True:
+                with self._lock:
+                    if self._closing:
+                        return
+                    now = time.monotonic()
+                    if not self._held:
+                        idle_since = idle_since or now
+                        if now - idle_since >= self.linger:
+                            self._thread = None  # the next hold starts a new thread
+                            return
+                        self._wake.wait(self.linger - (now - idle_since))
+                        continue
+                    idle_since = None
+                    wake = min(min(h.next_beat, h.deadline or h.next_beat)
+                               for h in self._held.values())
+                    if wake > now:
+                        self._wake.wait(wake - now)
+                        continue
+                    due = self._due(now)
+                if not due:
+                    continue
+                try:
+                    if conn is None or conn.closed:
+                        conn = psycopg.connect(self.dsn, autocommit=True,
+                                               application_name=f"{APP} {self.name} heartbeat")
+                        self.connections += 1
+                    rows = conn.execute(q("heartbeat_if_owner_many"), {
+                        "ids": [h.claim.id for h in due],
+                        "attempts": [h.claim.attempt for h in due],
+                        "lease": self.config.lease,
+                    }).fetchall()
+                except psycopg.Error as e:
+                    if not failing:  # one line per outage, not one per beat
+                        log.warning("heartbeat of %s failed, retrying at every beat: %s",
+                                    self.name, e)
+                    failing = True
+                    for h in due:
+                        h.claim.events.emit("heartbeat-failed", job=h.claim.id,
+                                            attempt=h.claim.attempt, error=str(e))
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    self._retry_later(due)
+                    continue
+                if failing:
+                    log.warning("heartbeat of %s is back", self.name)
+                    failing = False
+                self._record(due, {r[0]: r[1] for r in rows})
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _due(self, now: float) -> list[Held]:
+        """Abandon the jobs past their maximum runtime; return those whose beat is due (locked)."""
+        half = self.config.interval / 2  # beats that fall close together go out together
+        due = []
+        for key, h in list(self._held.items()):
+            if h.deadline is not None and now >= h.deadline:
+                del self._held[key]
+                self._abandon(h)
+            elif h.next_beat <= now + half:
+                due.append(h)
+        return due
+
+    def _retry_later(self, due: list[Held]) -> None:
+        with self._lock:
+            soon = time.monotonic() + min(self.config.interval, 1.0)
+            for h in due:
+                h.next_beat = soon
+
+    def _record(self, due: list[Held], extended: dict[int, Any]) -> None:
+        with self._lock:
+            now = time.monotonic()
+            for h in due:
+                key = (h.claim.id, h.claim.attempt)
+                if self._held.get(key) is not h:
+                    continue  # released while the beat ran: its work ended, nothing to say
+                if h.claim.id not in extended:
+                    del self._held[key]
+                    self._lose(h)
+                    continue
+                h.beats += 1
+                # From now, not from the plan: a late beat must not be followed by a burst.
+                h.next_beat = now + self.config.interval
+                h.claim.events.emit("heartbeat", job=h.claim.id, attempt=h.claim.attempt,
+                                    until=extended[h.claim.id].timestamp())
+
+    def _abandon(self, h: Held) -> None:
+        h.abandoned = True
+        h.done.set()
+        c = h.claim
+        log.warning("job %s attempt %s still running after its maximum runtime (%s s): "
+                    "heartbeat stopped, the job is abandoned", c.id, c.attempt,
+                    self.config.max_runtime)
+        c.events.emit("abandon", job=c.id, attempt=c.attempt, max_runtime=self.config.max_runtime)
+
+    def _lose(self, h: Held) -> None:
+        h.lost = True
+        h.done.set()
+        log.warning("job %s lease lost at attempt %s: heartbeat stopped", h.claim.id, h.claim.attempt)
+        h.claim.events.emit("lease-lost", job=h.claim.id, attempt=h.claim.attempt)
+
+
+class Heartbeat:
+    """Beat for one job on a heartbeat of its own: ``with Heartbeat(dsn, claim, config): work()``.
+
+    For scripts and tests; a worker shares one ``Heartbeats`` between all its jobs. After the
+    block: ``beats``, ``lost`` (the fence said another attempt owns the job), ``abandoned``.
+    """
+
+    def __init__(self, dsn: str, claim: Claim, config: HeartbeatConfig, *,
+                 worker: str = "worker", events: Any = None) -> None:
+        if events is not None:
+            claim.events = events
+        self.claim = claim
+        self._beats = Heartbeats(dsn, config, name=worker)
+        self._held: Held | None = None
+
+    def __enter__(self) -> Heartbeat:
+        self._held = self._beats.hold(self.claim)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._beats.release(self.claim)
+        self._beats.close()
+
+    @property
+    def beats(self) -> int:
+        return self._held.beats if self._held else 0
+
+    @property
+    def lost(self) -> bool:
+        return bool(self._held and self._held.lost)
+
+    @property
+    def abandoned(self) -> bool:
+        return bool(self._held and self._held.abandoned)

@@ -1,0 +1,87 @@
+"""Name what a worker holds and what became of it: ``Claim``, ``Outcome``, and the errors.
+
+A leaf module: it imports nothing else of the package, so every other module (and an
+application's handlers) can import it without a cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Status = Literal["done", "failed", "queued", "dead", "fenced"]
+
+
+class JobQueueError(Exception):
+    """The root of every error this package raises."""
+
+
+class ConfigError(JobQueueError, ValueError):
+    """An option that cannot work; the message says what is valid."""
+
+
+class LeaseLost(JobQueueError):
+    """The job no longer carries this worker's attempt: another attempt owns it now."""
+
+
+class UnknownKind(JobQueueError, LookupError):
+    """A job whose kind has no handler in this worker: it fails (counted) like any error."""
+
+
+class Events(Protocol):
+    """Where a worker reports what it does (claim, execute, finish, fail, heartbeat, ...)."""
+
+    worker: str
+
+    def emit(self, event: str, **fields: Any) -> None: ...
+
+
+class NullEvents:
+    """Report nothing: the default outside the lab (the log says what matters)."""
+
+    def __init__(self, worker: str = "worker") -> None:
+        self.worker = worker
+
+    def emit(self, event: str, **fields: Any) -> None:
+        pass
+
+
+@dataclass
+class Claim:
+    """One claimed job: what a handler needs to run it, and the attempt this worker owns.
+
+    ``payload`` is the job's JSON document; ``events`` lets a handler report on the worker's
+    own event stream (a no-op unless the worker was given one).
+    """
+
+    id: int
+    tenant_id: int
+    attempt: int
+    kind: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    run_id: int | None = None  # the job_runs row of this execution, once written
+    worker: str = "worker"
+    events: Events = field(default_factory=NullEvents, repr=False, compare=False)
+
+
+@dataclass
+class Outcome:
+    """What became of one claimed job.
+
+    ``status``: done; failed (error not counted, job still queued: the lab's naive design
+    only); queued (counted, retried after a backoff); dead (counted, out of attempts); fenced
+    (another attempt owns the job, nothing this execution wrote was kept).
+    """
+
+    claim: Claim
+    status: Status
+    error: str | None = None
+    result: Any = None
+    #: jobs claimed in the same commit as this one's finish (a worker that goes on; see
+    #: ``Leased.execute(claim_next=N)``): counted and leased, theirs to run next.
+    claimed: list[Claim] = field(default_factory=list)
+
+
+def error_text(error: BaseException) -> str:
+    """Return the error as stored in ``jobs.last_error``: its type and message, bounded."""
+    return f"{type(error).__name__}: {error}"[:500]

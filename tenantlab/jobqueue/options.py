@@ -1,0 +1,130 @@
+"""Worker options, defined once: the dataclass's fields generate the command line's flags.
+
+Each field carries its help and its parser in ``metadata``; ``add_flags`` turns the fields of
+any options dataclass (the lab's adds its own) into argparse flags, ``from_args`` reads them
+back, ``to_argv`` writes the flags that start a worker with these options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .jobs import ConfigError
+
+
+def number(kind: type, what: str, *, zero: bool = False, unit: str = "") -> Callable[[str], Any]:
+    """Return an argparse type that accepts a positive number (or 0) and says what is valid."""
+    whole = "whole " if kind is int else ""
+    valid = f"{what} must be {'0 or ' if zero else ''}a positive {whole}number{unit}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{valid}, not {text!r}") from None
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"{valid}, not {text!r}")
+        return value
+    return parse
+
+
+def seconds(what: str, *, zero: bool = False) -> Callable[[str], Any]:
+    return number(float, what, zero=zero, unit=" of seconds")
+
+
+def count(what: str) -> Callable[[str], Any]:
+    return number(int, what)
+
+
+def option(default: Any, help: str, *, parse: Callable[[str], Any] | None = None,
+           flag: str | None = None, choices: list[str] | None = None) -> Any:
+    """Declare one option: its default, its help line, how its flag's value is parsed."""
+    return field(default=default, metadata={"help": help, "parse": parse, "flag": flag,
+                                            "choices": choices})
+
+
+@dataclass
+class WorkerOptions:
+    """What one worker process does: the flags of ``python -m tenantlab.jobqueue``."""
+
+    lease: float = option(30.0, "lease in seconds: how long a claim is exclusive",
+                          parse=seconds("lease"))
+    backoff: float = option(1.0, "first retry delay in seconds, doubling per attempt; 0 = off",
+                            parse=seconds("backoff", zero=True))
+    heartbeat: float | None = option(
+        None, "extend the leases every S seconds while jobs run; S < lease",
+        parse=seconds("heartbeat"))
+    max_runtime: float | None = option(
+        None, "stop extending a job's lease after S seconds: the job is abandoned",
+        parse=seconds("max-runtime"))
+    batch: int = option(1, "claim up to N jobs in one statement, each with its own attempt "
+                           "and lease, run one after another", parse=count("batch"))
+    lossy_claim: bool = option(
+        False, "commit the claim without waiting for its WAL flush: faster, but a server crash "
+               "right after a claim can lose its count (one attempt number handed out twice)")
+    poll: float = option(0.5, "seconds between polls when idle (a NOTIFY wakes it sooner)",
+                         parse=seconds("poll"))
+    listen: bool = option(True, "do not LISTEN for enqueues: poll only", flag="--no-listen")
+    max_outage: float | None = option(
+        None, "exit (status 3) after S seconds without the server (default: retry forever)",
+        parse=seconds("max-outage"))
+    max_jobs: int | None = option(None, "stop after N claims", parse=count("max-jobs"))
+    until_empty: bool = option(False, "stop when the queue is empty")
+    name: str | None = option(None, "worker name in job_runs and the log")
+
+    def __post_init__(self) -> None:
+        if not self.lease > 0:
+            raise ConfigError(f"lease must be a positive number of seconds, not {self.lease}")
+        if self.backoff < 0:
+            raise ConfigError(f"backoff must be 0 (off) or positive seconds, not {self.backoff}")
+        if self.max_jobs is not None and self.max_jobs < 1:
+            raise ConfigError(f"max-jobs must be at least 1, not {self.max_jobs}")
+        if self.batch < 1:
+            raise ConfigError(f"batch must be at least 1, not {self.batch}")
+        if not self.poll > 0:
+            raise ConfigError(f"poll must be a positive number of seconds, not {self.poll}")
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type = WorkerOptions) -> None:
+    """Add one flag per field of the options dataclass `cls`."""
+    for f in dataclasses.fields(cls):
+        if "help" not in f.metadata:
+            continue
+        if f.type in (bool, "bool"):
+            action = "store_false" if f.default else "store_true"
+            parser.add_argument(_flag(f), dest=f.name, action=action, help=f.metadata["help"])
+            continue
+        kwargs: dict[str, Any] = {"default": f.default, "help": f.metadata["help"]}
+        if f.metadata.get("choices"):
+            kwargs["choices"] = f.metadata["choices"]
+        if f.metadata.get("parse"):
+            kwargs["type"] = f.metadata["parse"]
+        parser.add_argument(_flag(f), dest=f.name, **kwargs)
+
+
+def from_args(cls: type, args: argparse.Namespace) -> Any:
+    """Build the options dataclass `cls` from parsed flags."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                  if hasattr(args, f.name)})
+
+
+def to_argv(options: Any) -> list[str]:
+    """Return the flags that give a worker these options (defaults left out)."""
+    argv: list[str] = []
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if "help" not in f.metadata or value == f.default:
+            continue
+        if isinstance(value, bool):
+            argv.append(_flag(f))
+        elif value is not None:
+            argv += [_flag(f), str(value)]
+    return argv

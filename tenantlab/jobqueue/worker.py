@@ -1,0 +1,218 @@
+"""Run a worker: claim and run jobs until told to stop, surviving the server going away.
+
+Stops cleanly on SIGTERM/SIGINT after its current job (or batch); a second signal stops it at
+once. An idle worker waits on LISTEN (``enqueue`` notifies in its own transaction) with the
+poll as the fallback. A lost connection (server restart, failover, a dropped TCP connection)
+is logged once per outage and reopened with capped, jittered backoff; the job in flight then is
+neither finished nor lost: its lease expires and it is retried, counted.
+
+Exit statuses, for supervisors (systemd ``RestartPreventExitStatus=2``, k8s):
+``0`` stopped (signal, ``--max-jobs``, ``--until-empty``); ``1`` crashed (a bug, or a job that
+ended the process); ``2`` bad configuration; ``3`` lost the server for longer than
+``--max-outage``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import psycopg
+
+from .handlers import Handlers
+from .jobs import Claim, Events, JobQueueError, NullEvents, Outcome
+from .leased import Leased
+from .options import WorkerOptions
+from .queries import q
+
+APP = (__package__ or "jobqueue").split(".")[0]
+log = logging.getLogger(APP)
+
+EXIT_STOPPED, EXIT_CRASHED, EXIT_CONFIG, EXIT_SERVER_LOST = 0, 1, 2, 3
+
+#: Worker connections: TCP keepalives find a dead peer in about a minute instead of hours.
+CONNECT: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+           "keepalives_count": 3, "connect_timeout": 10}
+
+
+class ServerLost(JobQueueError):
+    """The server stayed unreachable for longer than the worker's ``max_outage``."""
+
+
+class Queue(Protocol):
+    def run_one(self, conn: psycopg.Connection, *, worker: str = ...,
+                events: Any = None) -> Outcome | None: ...
+
+
+class Outage:
+    """Reconnect with capped, jittered backoff; one log line per outage; give up after a limit."""
+
+    def __init__(self, who: str, limit: float | None, *, first: float = 0.1, cap: float = 5.0,
+                 sleep: Callable[[float], Any] = time.sleep) -> None:
+        self.who, self.limit, self.first, self.cap, self.sleep = who, limit, first, cap, sleep
+        self.since: float | None = None
+        self.tries = 0
+        self.outages = 0
+
+    def failed(self, error: BaseException) -> None:
+        """Record a failed connection; wait before the next try, or raise ServerLost."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since, self.tries = now, 0
+            self.outages += 1
+            log.warning("%s lost the server (%s): reconnecting",
+                        self.who, str(error).strip().splitlines()[0] if str(error) else error)
+        if self.limit is not None and now - self.since > self.limit:
+            raise ServerLost(f"{self.who} could not reach the server for {now - self.since:.0f} s "
+                             f"(limit {self.limit:g} s): {error}") from error
+        self.tries += 1
+        # Full jitter: workers that lost the server together do not come back in lockstep.
+        self.sleep(random.uniform(0, min(self.cap, self.first * 2 ** self.tries)))
+
+    def ok(self) -> None:
+        """Record a working connection: the outage, if any, is over."""
+        if self.since is not None:
+            log.info("%s is back after %.1f s (%d tries)", self.who,
+                     time.monotonic() - self.since, self.tries)
+            self.since = None
+
+
+def connect(dsn: str, name: str) -> psycopg.Connection:
+    """Open an autocommit worker connection, tagged and with TCP keepalives."""
+    return psycopg.connect(dsn, autocommit=True, application_name=f"{APP} {name}", **CONNECT)
+
+
+class Worker:
+    """Claim and run jobs in a loop; stop between jobs when asked; reconnect when cut off."""
+
+    def __init__(self, dsn: str, options: WorkerOptions | None = None,
+                 handlers: Handlers | None = None, *, queue: Queue | None = None,
+                 events: Events | None = None) -> None:
+        self.dsn = dsn
+        self.options = o = options or WorkerOptions()
+        self.name = o.name or f"worker-{os.getpid()}"
+        self.events = events or NullEvents(self.name)
+        self.queue = queue or Leased(handlers, lease=o.lease, backoff=o.backoff,
+                                     heartbeat=o.heartbeat, max_runtime=o.max_runtime,
+                                     lossy_claim=o.lossy_claim)
+        self.stopping = False
+        self.claimed = 0
+        self.outage = Outage(self.name, o.max_outage, sleep=self._sleep)
+
+    def stop(self, signum: int | None = None, frame: object = None) -> None:
+        """Finish the current job, then stop; a second call stops at once."""
+        if self.stopping:
+            raise KeyboardInterrupt
+        self.stopping = True
+        self.events.emit("stop-requested", signal=signum)
+
+    def run(self) -> int:
+        """Run until stopped; return how many jobs were claimed. Raises ServerLost."""
+        self.events.emit("worker-start", **dataclasses.asdict(self.options))
+        try:
+            while not self.stopping:
+                try:
+                    with connect(self.dsn, self.name) as conn:
+                        self.outage.ok()
+                        if self._serve(conn):
+                            break
+                except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+                    if self.stopping:
+                        break
+                    self.outage.failed(e)
+        finally:
+            close = getattr(self.queue, "close", None)
+            if close is not None:
+                close()
+            self.events.emit("worker-stop", claimed=self.claimed)
+        return self.claimed
+
+    def _serve(self, conn: psycopg.Connection) -> bool:
+        """Run jobs on one connection; True when the worker is done (not merely cut off)."""
+        o = self.options
+        listening = o.listen and self._listen(conn)
+        idle = False
+        pending: list[Claim] = []
+        # Jobs already claimed (with the last finish) are part of the current job: run them
+        # even when a stop was asked for meanwhile.
+        while pending or not self.stopping:
+            outcomes = self._one_round(conn, pending)
+            pending = outcomes[-1].claimed if outcomes else []
+            if not outcomes:
+                if o.until_empty:
+                    return True
+                if not idle:
+                    self.events.emit("idle")
+                    idle = True
+                self._wait(conn, listening)
+                continue
+            idle = False
+            self.claimed += len(outcomes)
+            if o.max_jobs is not None and self.claimed >= o.max_jobs and not pending:
+                return True
+        return True
+
+    def _goes_on(self, after: int) -> bool:
+        """Whether the worker will want another job after `after` more: then claim it early."""
+        o = self.options
+        return not self.stopping and (o.max_jobs is None or self.claimed + after < o.max_jobs)
+
+    def _one_round(self, conn: psycopg.Connection, pending: list[Claim]) -> list[Outcome]:
+        if not isinstance(self.queue, Leased):
+            outcome = self.queue.run_one(conn, worker=self.name, events=self.events)
+            return [outcome] if outcome is not None else []
+        batch = self.options.batch
+        claims = pending or self.queue.claim_many(conn, batch, worker=self.name,
+                                                  events=self.events)
+        outcomes: list[Outcome] = []
+        try:
+            n = len(claims)
+            for i, c in enumerate(claims):
+                # The last job's finish claims the next batch in the same commit, unless the
+                # worker will stop (asked at the finish: a signal may come during the work).
+                chain = (lambda: batch if self._goes_on(n) else 0) if i == n - 1 else 0
+                outcomes.append(self.queue.run_claimed(conn, c, claim_next=chain))
+        finally:
+            # Cut off mid-batch: the jobs not run yet must not keep fresh leases.
+            for c in claims:
+                self.queue.release(c)
+        return outcomes
+
+    def _listen(self, conn: psycopg.Connection) -> bool:
+        conn.execute(q("listen"))
+        return True
+
+    def _wait(self, conn: psycopg.Connection, listening: bool) -> None:
+        """Wait for a NOTIFY (or the poll's timeout), waking every 50 ms to check for a stop."""
+        deadline = time.monotonic() + self.options.poll
+        while not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if not listening:
+                time.sleep(min(0.05, left))
+                continue
+            woke = any(True for _ in conn.notifies(timeout=min(0.05, left), stop_after=1))
+            if woke:
+                # One wake for everything received so far (psycopg keeps what came in while
+                # the worker was busy): it all precedes the claim that follows.
+                for _ in conn.notifies(timeout=0):
+                    pass
+                return
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(min(0.05, seconds))
+
+
+def stop_on_signals(worker: Any) -> None:
+    """Let SIGTERM and SIGINT stop `worker` after its current job (a second one at once)."""
+    signal.signal(signal.SIGTERM, worker.stop)
+    signal.signal(signal.SIGINT, worker.stop)

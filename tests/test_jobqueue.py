@@ -1,0 +1,205 @@
+"""The production worker on its own: its boundary, handlers, batches, one heartbeat, prune."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from tenantlab import db, queue
+from tenantlab.jobqueue import (
+    Claim,
+    Handlers,
+    Leased,
+    NullEvents,
+    UnknownKind,
+    WorkerOptions,
+    enqueue,
+    prune,
+)
+from tenantlab.jobqueue.options import add_flags, from_args, to_argv
+from tenantlab.queries import q
+
+BOUNDARY = r"""
+import importlib.abc, json, sys
+
+class Refuse(importlib.abc.MetaPathFinder):
+    # The rest of the kit is unimportable: only tenantlab (the bare parent) and its jobqueue.
+    def find_spec(self, name, path, target=None):
+        if name.startswith("tenantlab.") and not name.startswith("tenantlab.jobqueue"):
+            raise ImportError(f"refused: {name}")
+        return None
+
+sys.meta_path.insert(0, Refuse())
+import tenantlab.jobqueue
+import tenantlab.jobqueue.cli
+import tenantlab.jobqueue.export
+tops = {m.split(".")[0] for m in sys.modules}
+print(json.dumps({"tenantlab": sorted(m for m in sys.modules if m.startswith("tenantlab")),
+                  "outside": sorted(t for t in tops - set(sys.stdlib_module_names)
+                                    if not t.startswith("_"))}))
+"""
+
+
+def test_jobqueue_imports_nothing_else_of_the_kit() -> None:
+    out = subprocess.run([sys.executable, "-c", BOUNDARY], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert all(m == "tenantlab" or m.startswith("tenantlab.jobqueue") for m in seen["tenantlab"])
+    # Third-party code: psycopg (and what psycopg itself loads) only.
+    others = {t for t in seen["outside"]
+              if not t.startswith(("psycopg", "typing_extensions", "cython_runtime"))}
+    assert others == {"tenantlab"}, seen["outside"]
+
+
+@pytest.fixture
+def conn(scratch: db.Scratch):
+    with scratch.connect("worker", "test jobqueue", autocommit=True) as c:
+        yield c
+
+
+def status(conn: psycopg.Connection, job: int) -> tuple[str, int, str | None]:
+    row = conn.execute("select status, attempts, last_error from jobs where id = %s",
+                       (job,)).fetchone()
+    assert row is not None
+    return row
+
+
+def test_any_kind_is_queued_and_an_unknown_one_fails_counted_with_a_clear_error(conn) -> None:
+    handlers = Handlers()
+    seen: list[tuple[str | None, dict[str, Any]]] = []
+
+    @handlers.register("greet")
+    def greet(c: psycopg.Connection, job: Claim) -> str:
+        # Inside the job's transaction, the tenant set locally.
+        seen.append((c.execute(q("tenant_current")).fetchone()[0], job.payload))
+        return f"hello {job.payload['who']}"
+
+    with conn.transaction():
+        greeting = enqueue(conn, "greet", tenant=7, payload={"who": "ada"})
+        email = enqueue(conn, "email", tenant=7, max_attempts=1)
+    worker = Leased(handlers, backoff=0)
+    first = worker.run_one(conn)
+    assert (first.claim.id, first.status, first.result) == (greeting, "done", "hello ada")
+    assert seen == [("7", {"who": "ada"})]
+    second = worker.run_one(conn)
+    assert (second.claim.id, second.status) == (email, "dead")
+    assert "UnknownKind" in second.error and "'email'" in second.error and "known: greet" in second.error
+    assert status(conn, email) == ("dead", 1, second.error)
+    with pytest.raises(UnknownKind, match="known: greet"):
+        handlers.lookup(Claim(id=1, tenant_id=1, attempt=1, kind="nope"))
+
+
+def test_handlers_take_a_mapping_and_refuse_a_second_handler_for_a_kind() -> None:
+    def a(conn: Any, job: Any) -> None: ...
+
+    def b(conn: Any, job: Any) -> None: ...
+
+    hs = Handlers({"a": a})
+    assert list(hs) == ["a"] and hs["a"] is a
+    with pytest.raises(ValueError, match="already has a handler"):
+        hs.add("a", b)
+
+
+def test_a_batch_claim_counts_each_job_and_fences_each_finish(conn) -> None:
+    ids = queue.enqueue(conn, "count", tenant=2, count=4)
+    leased = queue.Leased(lease=30)
+    claims = leased.claim_many(conn, 3)
+    assert [(c.id, c.attempt) for c in claims] == [(i, 1) for i in ids[:3]]
+    # Another attempt takes the second job over (its lease expired, say): only it is fenced.
+    conn.execute("update jobs set attempts = 2 where id = %s", (ids[1],))
+    outcomes = [leased.run_claimed(conn, c) for c in claims]
+    assert [o.status for o in outcomes] == ["done", "fenced", "done"]
+    assert status(conn, ids[3])[:2] == ("queued", 0)
+
+
+def test_one_heartbeat_connection_extends_every_held_lease(scratch: db.Scratch, conn) -> None:
+    queue.enqueue(conn, "sleep", tenant=1, seconds=0.3, count=4)
+    leased = queue.Leased(lease=2.0, heartbeat=0.1)
+    beats: list[dict[str, Any]] = []
+
+    class Log(NullEvents):
+        def emit(self, event: str, **fields: Any) -> None:
+            if event == "heartbeat":
+                beats.append(fields)
+
+    try:
+        claims = leased.claim_many(conn, 4, events=Log())
+        for c in claims:
+            assert leased.run_claimed(conn, c).status == "done"
+        hb = leased.heartbeats(conn)
+        # The jobs waiting in the batch were extended too, all on one session.
+        assert {b["job"] for b in beats} == {c.id for c in claims}
+        assert hb.connections == 1
+    finally:
+        leased.close()
+
+
+def test_prune_deletes_old_finished_jobs_in_batches_and_keeps_the_rest(conn) -> None:
+    done = queue.enqueue(conn, "count", tenant=3, count=5)
+    leased = queue.Leased()
+    while leased.run_one(conn) is not None:
+        pass
+    waiting = queue.enqueue(conn, "count", tenant=3)[0]
+    assert prune(conn, 3600, batch=2) == {"jobs": 0, "job_runs": 0}  # nothing that old
+    assert prune(conn, 0, batch=2) == {"jobs": 5, "job_runs": 5}
+    left = [s["id"] for s in queue.job_states(conn)]
+    assert left == [waiting] and not set(done) & set(left)
+
+
+def test_enqueue_notifies_listening_workers_when_it_commits(scratch: db.Scratch, conn) -> None:
+    with scratch.connect("worker", "test listen", autocommit=True) as listener:
+        listener.execute(q("listen"))
+        with conn.transaction():
+            enqueue(conn, "anything", tenant=1)
+        t0 = time.monotonic()
+        got = list(listener.notifies(timeout=10, stop_after=1))
+        assert [n.channel for n in got] == ["jobqueue"]
+        assert time.monotonic() - t0 < 10
+
+
+def test_worker_options_are_one_dataclass_that_makes_the_flags() -> None:
+    p = argparse.ArgumentParser()
+    add_flags(p, WorkerOptions)
+    options = WorkerOptions(lease=5.0, heartbeat=1.0, batch=4, listen=False, until_empty=True)
+    argv = to_argv(options)
+    assert argv == ["--lease", "5.0", "--heartbeat", "1.0", "--batch", "4", "--no-listen",
+                    "--until-empty"]
+    assert from_args(WorkerOptions, p.parse_args(argv)) == options
+
+
+def test_exit_statuses_tell_a_supervisor_what_happened() -> None:
+    from tenantlab.server import free_port
+
+    nowhere = f"host=127.0.0.1 port={free_port()} dbname=none user=none connect_timeout=1"
+    cmd = [sys.executable, "-m", "tenantlab.jobqueue", "--dsn", nowhere]
+    bad = subprocess.run([*cmd, "--lease", "2", "--heartbeat", "3"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2, bad.stderr
+    assert "must be shorter than the lease" in bad.stderr
+    lost = subprocess.run([*cmd, "--max-outage", "1"], capture_output=True, text=True, timeout=60)
+    assert lost.returncode == 3, lost.stderr
+    assert lost.stderr.count("lost the server") == 1  # one line per outage, not per retry
+    assert "could not reach the server" in lost.stderr
+
+
+def test_the_next_claim_rides_on_the_finish_and_a_fenced_finish_takes_it_back(conn) -> None:
+    first, second, third = queue.enqueue(conn, "count", tenant=4, count=3)
+    leased = queue.Leased(lease=30)
+    claim = leased.claim(conn)
+    done = leased.execute(conn, claim, claim_next=1)
+    assert (done.status, [(c.id, c.attempt) for c in done.claimed]) == ("done", [(second, 1)])
+    assert status(conn, second)[:2] == ("running", 1)  # counted before its work starts
+    nxt = done.claimed[0]
+    conn.execute("update jobs set attempts = 2 where id = %s", (second,))  # taken over
+    fenced = leased.execute(conn, nxt, claim_next=1)
+    assert (fenced.status, fenced.claimed) == ("fenced", [])
+    assert status(conn, third)[:2] == ("queued", 0)  # its claim rolled back with the rest
+    assert status(conn, first)[:2] == ("done", 1)
