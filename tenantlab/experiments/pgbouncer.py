@@ -1,0 +1,429 @@
+"""Finding ``pgbouncer`` (beyond the article): transaction pooling shares sessions across processes.
+
+A real PgBouncer in transaction mode (tenantlab/pgbouncer.py) sits in front of a scratch
+database; worker processes are its clients. Process A's jobs set their tenant, process B's
+transactions set none and record what their server connection carries. In the session form B
+reads under A's tenant; in the local form never. Then what else of the session stops meaning
+what it meant: psycopg's automatic prepared statements, a session advisory lock, LISTEN. Last,
+the corrected worker (``queue.Leased``, ``prepare_threshold=None``) through the pooler and
+direct, with its jobs/s. Each part gets a pooler of its own, so no part inherits server
+connections that another part left a tenant on.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pandas as pd
+import psycopg
+
+from .. import db, events, finding, queue, tenant
+from .. import pgbouncer as pooler
+from ..finding import Result, Verdict, check, knob, plain
+from ..queries import q
+
+CLAIM = ("Behind PgBouncer in transaction mode one server connection serves every process in "
+         "turn: a tenant set in the session form by one worker process is read by another "
+         "process's transactions, and psycopg's automatic prepared statements, session advisory "
+         "locks and LISTEN stop working; the local form leaks nothing and the corrected worker "
+         "runs every job through it.")
+
+ARTICLE: dict[str, Any] = {
+    "note": "not in the article: measured here, beyond it, through a real PgBouncer",
+}
+
+LOCK_KEY = 0x7E4A48  # the advisory lock the probe takes (one above the template build's)
+PROBE_JOBS = 20  # jobs per client in the prepared-statement probe: past psycopg's threshold (5)
+LISTEN_WAIT = 1.0  # seconds a listener waits for the notification
+
+
+@dataclass(frozen=True)
+class Knobs(finding.Knobs):
+    """Pool size, worker processes, B's reads, and the corrected worker's jobs."""
+
+    ARTICLE_SETUP: ClassVar[bool] = False  # the article never ran this: judged on expectations
+
+    pool_size: int = knob(2, lo=1, hi=6, label="server connections (pool size)")
+    processes: int = knob(2, lo=2, hi=5, label="worker processes")
+    reads: int = knob(100, full=400, lo=20, hi=400, step=20, label="reads by process B")
+    jobs: int = knob(300, full=2000, lo=50, hi=2000, step=50, label="jobs (corrected worker)")
+
+
+# --- the worker processes ---------------------------------------------------------------------
+
+class Clients:
+    """Child processes that are clients of the pooler (or of the server); always ended."""
+
+    def __init__(self, dsn: str, path: Path) -> None:
+        # The DSN (with its password) goes through the environment, not the command line.
+        self.env = dict(os.environ, TENANTLAB_DSN=dsn)
+        self.path = path
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, role: str, name: str, *options: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "tenantlab.experiments._pooled", role, "--name", name,
+               "--events", str(self.path), *options]
+        proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        """Ask every live process to stop, then kill what is left; raise on one that failed."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        failed = []
+        for p in self.procs:
+            try:
+                _, err = p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                _, err = p.communicate()
+            if p.returncode not in (0, -15):
+                failed.append(f"pid {p.pid} exited {p.returncode}: {(err or '').strip()[-300:]}")
+        self.procs = []
+        if failed:
+            raise RuntimeError(f"pgbouncer worker process failed: {failed[0]}")
+
+
+@contextmanager
+def clients(dsn: str, path: Path) -> Iterator[Clients]:
+    c = Clients(dsn, path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _wait(until: Callable[[], bool], timeout: float, tick: Callable[[], None] | None = None,
+          procs: list[subprocess.Popen] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not until():
+        for p in procs or []:
+            if p.poll() not in (None, 0):
+                return  # Clients.close says why
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pgbouncer experiment step still not done after {timeout:g} s")
+        if tick:
+            tick()
+        time.sleep(0.1)
+    if tick:
+        tick()
+
+
+# --- part 1: the tenant context across processes -------------------------------------------
+
+def _tenants_of(i: int, writers: int) -> list[int]:
+    # Disjoint tenants per process: a tenant B sees names the process that set it.
+    return [t for t in range(1, 101) if (t - 1) % writers == i][:12]
+
+
+def leak(s: db.Scratch, form: str, k: Knobs, workdir: Path,
+         live: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """Run tenant processes and one reader through a fresh pooler; return their events."""
+    path = workdir / f"{form}.jsonl"
+    writers = k.processes - 1
+    names = [chr(ord("A") + i) for i in range(writers)]
+    reader = chr(ord("A") + writers)
+    with pooler.running(s.admin, pooler.Config(pool_size=k.pool_size)) as b, \
+            clients(b.through(s.worker), path) as c:
+        for i, name in enumerate(names):
+            c.start("tenant", name, "--form", form,
+                    "--tenants", ",".join(map(str, _tenants_of(i, writers))), "--interval", "0.004")
+
+        def jobs_started() -> bool:
+            done = {e["worker"] for e in events.read(path) if e["event"] == "job"}
+            return done >= set(names)
+
+        # B starts once every A has run a job: its reads then all meet a pool that A has used.
+        _wait(jobs_started, 30, procs=c.procs)
+        proc = c.start("reader", reader, "--reads", str(k.reads), "--interval", "0.008")
+        tick = (lambda: live(events.read(path))) if live else None
+        _wait(lambda: proc.poll() is not None, 60 + k.reads * 0.1, tick, procs=c.procs)
+    out = events.read(path)
+    for e in out:
+        e["form"] = form
+        e["role"] = "reader" if e["worker"] == reader else "tenant"
+    return out
+
+
+def reads_frame(evs: list[dict[str, Any]]) -> pd.DataFrame:
+    """Return B's reads: form, read number, the tenant it ran under, wrong so far."""
+    rows = [{"form": e.get("form", ""), "read": e["n"], "tenant": e["tenant"],
+             "invoices": e["invoices"], "wrong": e["tenant"] is not None}
+            for e in evs if e["event"] == "read"]
+    df = pd.DataFrame(rows, columns=["form", "read", "tenant", "invoices", "wrong"])
+    df["wrong_so_far"] = df.groupby("form")["wrong"].cumsum().astype(int) if len(df) else []
+    return df
+
+
+def _leak_summary(evs: list[dict[str, Any]]) -> dict[str, Any]:
+    reads = [e for e in evs if e["event"] == "read"]
+    owner = {e["tenant"]: e["worker"] for e in evs if e["event"] == "job"}
+    wrong = [e for e in reads if e["tenant"] is not None]
+    return {
+        "reads": len(reads),
+        "wrong_tenant_reads": len(wrong),
+        "from_other_process": sum(1 for e in wrong if owner.get(e["tenant"]) not in (None, "")),
+        "tenant_jobs": sum(1 for e in evs if e["event"] == "job"),
+        "server_connections": len({e["server"] for e in evs if "server" in e}),
+    }
+
+
+def script(res: Result, form: str = "session", steps: int = 14) -> pd.DataFrame:
+    """Return who got which server connection: the first steps of one form, in time order."""
+    evs = [e for e in res.data.get("events", []) if e.get("form") == form
+           and e["event"] in ("job", "read")]
+    if not evs:
+        return pd.DataFrame(columns=["t (ms)", "who", "server connection", "does", "sees"])
+    evs.sort(key=lambda e: e["t"])
+    servers: dict[int, int] = {}
+    # Start just before B's first read: A's last jobs before it, then both interleaved.
+    first_read = next((i for i, e in enumerate(evs) if e["event"] == "read"), 0)
+    shown = evs[max(0, first_read - 3):][:steps]
+    t0 = shown[0]["t"]
+    rows = []
+    for e in shown:
+        server = servers.setdefault(e["server"], len(servers) + 1)
+        if e["event"] == "job":
+            does = f"job for tenant {e['tenant']}: set_config({form} form), count"
+            sees = f"tenant {e['tenant']}: {e['invoices']:,} invoices"
+        else:
+            does = "reads, sets no tenant"
+            sees = ("no tenant: 0 invoices" if e["tenant"] is None
+                    else f"tenant {e['tenant']}: {e['invoices']:,} invoices  ✗")
+        rows.append({"t (ms)": round((e["t"] - t0) * 1000), "who": f"process {e['worker']}",
+                     "server connection": f"server {server} (pid {e['server']})",
+                     "does": does, "sees": sees})
+    return pd.DataFrame(rows)
+
+
+# --- part 2: session features through the pooler --------------------------------------------
+
+def prepared_statements(s: db.Scratch, threshold: int | None,
+                        max_prepared: int | None = None) -> dict[str, Any]:
+    """Two clients take turns running the same job; return the first job that failed, if any."""
+    config = pooler.Config(pool_size=2, max_prepared_statements=max_prepared)
+    with pooler.running(s.admin, config) as b:
+        conns = [db.connect(b.through(s.worker), f"pgbouncer prepared {who}", autocommit=True,
+                            prepare_threshold=threshold) for who in "AB"]
+        try:
+            for n in range(1, 2 * PROBE_JOBS + 1):
+                who = "AB"[(n - 1) % 2]
+                try:
+                    with conns[(n - 1) % 2].transaction() as tx:
+                        tenant.set_tenant(tx.connection, n % 100 + 1, local=True)
+                        tenant.count_invoices(tx.connection)
+                except psycopg.Error as e:
+                    return {"failed_at": n, "client": who, "error": f"{type(e).__name__}: {e}"}
+        finally:
+            for conn in conns:
+                conn.close()
+    return {"failed_at": None, "client": None, "error": None, "jobs": 2 * PROBE_JOBS}
+
+
+def advisory_lock(s: db.Scratch) -> dict[str, Any]:
+    """A takes a session lock in one transaction; what do B's later transactions see?"""
+    with pooler.running(s.admin, pooler.Config(pool_size=2)) as b, \
+            db.connect(s.admin, "pgbouncer lock watch", autocommit=True) as admin:
+        a = db.connect(b.through(s.worker), "pgbouncer lock A", autocommit=True,
+                       prepare_threshold=None)
+        c = db.connect(b.through(s.worker), "pgbouncer lock B", autocommit=True,
+                       prepare_threshold=None)
+        try:
+            _, a_server = a.execute(q("pgbouncer_lock"), {"key": LOCK_KEY}).fetchone() or (0, 0)
+            holders = [r[0] for r in admin.execute(q("pgbouncer_lock_holders"), {"key": LOCK_KEY})]
+            # B's next transaction: PgBouncer hands out the server connection used last (LIFO).
+            same_got, same_server = c.execute(q("pgbouncer_try_lock"),
+                                              {"key": LOCK_KEY}).fetchone() or (False, 0)
+            # A busy in a transaction on its server connection: B gets the other one.
+            with a.transaction():
+                a_now = db.scalar(a, q("pgbouncer_server"))
+                with c.transaction():
+                    other_got, other_server = c.execute(
+                        q("pgbouncer_try_lock"), {"key": LOCK_KEY}).fetchone() or (False, 0)
+        finally:
+            a.close()
+            c.close()
+    return {
+        "a_locked_on": a_server, "held_after_commit_by": holders,
+        "b_same_server": same_server == a_server, "b_same_server_got_lock": bool(same_got),
+        "a_then_on": a_now, "b_other_server": other_server != a_server,
+        "b_other_server_got_lock": bool(other_got),
+        "crossed": bool(same_got) and same_server == a_server,
+    }
+
+
+def listen(s: db.Scratch) -> dict[str, Any]:
+    """LISTEN through the pooler and directly; NOTIFY directly; who gets the notification?"""
+    got = {}
+    with pooler.running(s.admin, pooler.Config(pool_size=2)) as b, \
+            db.connect(s.admin, "pgbouncer notify", autocommit=True) as admin:
+        for how, dsn in (("pooler", b.through(s.worker)), ("direct", s.worker)):
+            with db.connect(dsn, f"pgbouncer listen {how}", autocommit=True,
+                            prepare_threshold=None) as conn:
+                conn.execute(q("pgbouncer_listen"))
+                admin.execute(q("pgbouncer_notify"), {"payload": f"wake {how}"})
+                got[how] = [n.payload for n in conn.notifies(timeout=LISTEN_WAIT, stop_after=1)]
+    return {"through_pooler": bool(got["pooler"]), "direct": bool(got["direct"])}
+
+
+# --- part 3: the corrected worker through the pooler ----------------------------------------
+
+def corrected(s: db.Scratch, dsn: str, k: Knobs, workdir: Path, how: str) -> dict[str, Any]:
+    """Run `processes` corrected workers over `jobs` count jobs; return done, leaks and jobs/s."""
+    with db.connect(s.admin, "pgbouncer reset", autocommit=True) as admin:
+        admin.execute(q("reset_queue"))
+    with db.connect(s.worker, "pgbouncer enqueue", autocommit=True) as conn:
+        queue.enqueue(conn, "count", count=k.jobs)
+    path = workdir / f"corrected-{how}.jsonl"
+    with clients(dsn, path) as c:
+        procs = [c.start("leased", f"{how}-{i + 1}") for i in range(k.processes)]
+        _wait(lambda: all(p.poll() is not None for p in procs), 60 + k.jobs * 0.05, procs=procs)
+    with db.connect(s.worker, "pgbouncer states", autocommit=True) as conn:
+        states = queue.job_states(conn)
+    evs = events.read(path)
+    tenants = {e["job"]: e["tenant"] for e in evs if e["event"] == "claim"}
+    finishes = [e for e in evs if e["event"] == "finish"]
+    # A job that counted another tenant's invoices (or none) ran under the wrong context.
+    wrong = sum(1 for e in finishes if e["result"] != 20000 // tenants[e["job"]])
+    claims = [e["t"] for e in evs if e["event"] == "claim"]
+    span = max(e["t"] for e in finishes) - min(claims) if finishes and claims else 0.0
+    return {"jobs": k.jobs, "done": sum(1 for st in states if st["status"] == "done"),
+            "wrong_counts": wrong, "jobs_per_s": round(len(finishes) / span, 1) if span else 0.0}
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
+    """Measure every part through a real PgBouncer; skip (never fake) when it is not installed."""
+    k = knobs or Knobs()
+    if k.pool_size < 1 or k.processes < 2 or k.reads < 1 or k.jobs < 1:
+        raise ValueError("pool_size, reads and jobs must be at least 1, processes at least 2")
+    if not pooler.installed():
+        skipped: dict[str, Any] = {"pgbouncer_version": None, "skipped": pooler.INSTALL}
+        return Result("pgbouncer", k, skipped, judge(skipped, k),
+                      summary=f"skipped: {pooler.INSTALL}")
+    step = progress or (lambda n=1: None)
+    evs: list[dict[str, Any]] = []
+    with db.scratch("pgbouncer") as s, tempfile.TemporaryDirectory(prefix="tenantlab-") as tmp:
+        workdir = Path(tmp)
+
+        def drawer(form: str) -> Callable[[list[dict[str, Any]]], None]:
+            def draw(now: list[dict[str, Any]]) -> None:
+                if live is not None:
+                    live.update(reads_frame(evs + [{**e, "form": form} for e in now]))
+            return draw
+
+        forms = {}
+        for form in ("session", "local"):
+            draw = drawer(form)
+            part = leak(s, form, k, workdir, live=draw)
+            evs += part
+            forms[form] = _leak_summary(part)
+            draw([])  # the finished form, with its final reads
+            step(1)
+        default = prepared_statements(s, tenant.DEFAULT_PREPARE_THRESHOLD)
+        fixed = prepared_statements(s, None)
+        fixed_by = ["prepare_threshold=None"] if fixed["failed_at"] is None else []
+        if pooler.version_tuple() >= pooler.PREPARED_STATEMENTS_SINCE:
+            tracked = prepared_statements(s, tenant.DEFAULT_PREPARE_THRESHOLD, max_prepared=100)
+            if tracked["failed_at"] is None:
+                fixed_by.append("max_prepared_statements=100")
+            max_prepared = "measured: " + ("no failure" if tracked["failed_at"] is None
+                                           else f"failed at job {tracked['failed_at']}")
+        else:
+            max_prepared = (f"not measured: PgBouncer {pooler.version()} here; "
+                            "max_prepared_statements arrives in PgBouncer 1.21")
+        step(1)
+        lock = advisory_lock(s)
+        heard = listen(s)
+        step(1)
+        with pooler.running(s.admin, pooler.Config(pool_size=k.pool_size)) as b:
+            through = corrected(s, b.through(s.worker), k, workdir, "pgbouncer")
+        direct = corrected(s, s.worker, k, workdir, "direct")
+        step(1)
+    measured = {
+        "pgbouncer_version": pooler.version(),
+        "pool_mode": "transaction",
+        "pool_size": k.pool_size,
+        "processes": k.processes,
+        "session_form": forms["session"],
+        "local_form": forms["local"],
+        "prepared_statements": {
+            "default_failed_at": default["failed_at"], "default_error": default["error"],
+            "fixed_by": fixed_by, "max_prepared_statements": max_prepared,
+        },
+        "advisory_lock_crossed": lock["crossed"],
+        "advisory_lock": lock,
+        "listen_through_pooler_works": heard["through_pooler"],
+        "listen_direct_works": heard["direct"],
+        "worker_jobs_per_s": {"direct": direct["jobs_per_s"], "pgbouncer": through["jobs_per_s"]},
+        "corrected_worker": {"direct": direct, "pgbouncer": through},
+    }
+    measured = plain(measured)
+    table = pd.DataFrame([{"form": f"{form} form", **forms[form]} for form in forms]).set_index("form")
+    return Result("pgbouncer", k, measured, judge(measured, k), summary=_summary(measured),
+                  table=table, data={"events": evs, "reads": reads_frame(evs)})
+
+
+def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
+    """Judge the leak, the session features and the corrected worker through the pooler."""
+    if measured.get("skipped"):
+        return Verdict.of([check(f"skipped: {measured['skipped']}", False,
+                                 "a real PgBouncer", "none installed: nothing measured")],
+                          article=False)
+    sf, lf = measured["session_form"], measured["local_form"]
+    ps = measured["prepared_statements"]
+    lock = measured.get("advisory_lock", {})
+    cw = measured["corrected_worker"]["pgbouncer"]
+    rate = measured["worker_jobs_per_s"]
+    checks = [
+        check("session form: B reads under A's tenant", sf["wrong_tenant_reads"] > 0,
+              f"some of B's {sf['reads']} reads", f"{sf['wrong_tenant_reads']} of {sf['reads']} reads"),
+        check("local form: B never reads under a tenant", lf["wrong_tenant_reads"] == 0,
+              f"0 of {lf['reads']} reads", f"{lf['wrong_tenant_reads']} of {lf['reads']} reads"),
+        check("psycopg's automatic prepared statements", ps["default_failed_at"] is not None,
+              "a job fails through the pooler",
+              f"job {ps['default_failed_at']} failed: {ps['default_error']}"
+              if ps["default_failed_at"] else "no job failed"),
+        check("prepare_threshold=None", "prepare_threshold=None" in ps["fixed_by"],
+              "every job runs", "every job ran" if "prepare_threshold=None" in ps["fixed_by"]
+              else "a job still failed"),
+        check("session advisory lock", measured["advisory_lock_crossed"],
+              "B's transaction takes the lock A holds (same server connection)",
+              "B got it while A held it" if measured["advisory_lock_crossed"]
+              else f"B got it: {lock.get('b_same_server_got_lock')}"),
+        check("LISTEN through the pooler", not measured["listen_through_pooler_works"]
+              and measured.get("listen_direct_works", True),
+              "no notification through the pooler; a direct connection gets it",
+              f"through the pooler: {'got it' if measured['listen_through_pooler_works'] else 'nothing'}"
+              f"; direct: {'got it' if measured.get('listen_direct_works') else 'nothing'}"),
+        check("corrected worker through PgBouncer", cw["done"] == cw["jobs"] and cw["wrong_counts"] == 0,
+              f"{cw['jobs']} of {cw['jobs']} done, none under another tenant",
+              f"{cw['done']} of {cw['jobs']} done, {cw['wrong_counts']} under another tenant; "
+              f"{rate['pgbouncer']:g} jobs/s (direct {rate['direct']:g})"),
+    ]
+    return Verdict.of(checks, article=False)
+
+
+def _summary(m: dict[str, Any]) -> str:
+    sf, lf, ps = m["session_form"], m["local_form"], m["prepared_statements"]
+    rate = m["worker_jobs_per_s"]
+    return (f"PgBouncer {m['pgbouncer_version']}, pool {m['pool_size']}: session form "
+            f"{sf['wrong_tenant_reads']} of {sf['reads']} of B's reads under A's tenant, local form "
+            f"{lf['wrong_tenant_reads']} of {lf['reads']}; prepared statements failed at job "
+            f"{ps['default_failed_at']}, fixed by {', '.join(ps['fixed_by']) or 'nothing'}; "
+            f"advisory lock crossed {m['advisory_lock_crossed']}; LISTEN through the pooler "
+            f"{m['listen_through_pooler_works']}; corrected worker {rate['pgbouncer']:g} jobs/s "
+            f"through PgBouncer vs {rate['direct']:g} direct")
