@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import db, reproduce, worker
+from . import db, pgbouncer, reproduce, worker
 from .experiments import FINDINGS
 from .server import REPO, ServerError, embedded
 
@@ -36,12 +36,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     db.ensure_template(dsn)
     print(f"{'started' if started else 'already running'}: PostgreSQL in {server.home}",
           file=sys.stderr)
+    if args.pgbouncer:
+        bouncer, fresh = pgbouncer.start_daemon(dsn)
+        print(f"{'started' if fresh else 'already running'}: PgBouncer {pgbouncer.version()} "
+              f"(transaction mode) on 127.0.0.1:{bouncer.port}, for {db.WORKER}",
+              file=sys.stderr)
     print(dsn)
     return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:
     server = embedded()
+    if pgbouncer.stop_daemon():
+        print("stopped PgBouncer")
     if args.purge:
         server.purge()
         print(f"stopped and removed {server.home}")
@@ -141,6 +148,8 @@ def parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the embedded PostgreSQL 17; print the admin DSN last")
     up.add_argument("--port", type=_port, default=None,
                     help="TCP port on 127.0.0.1 (default: the last one, else 54317 or a free one)")
+    up.add_argument("--pgbouncer", action="store_true",
+                    help="also start PgBouncer in transaction mode in front of it (notebook 12)")
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", help="stop the embedded server")
