@@ -89,6 +89,16 @@ def version_tuple() -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", version())[:3])
 
 
+def describe() -> str:
+    """Return one line: which PgBouncer the kit runs, or how to install one."""
+    try:
+        path = binary()
+    except PgBouncerMissing as e:
+        return f"{e} (notebook 12 and finding pgbouncer are skipped without it)"
+    return (f"PgBouncer {version()} at {path}: the kit starts its own, in transaction mode, "
+            "on 127.0.0.1, for the worker role")
+
+
 def _run_as() -> pwd.struct_passwd | None:
     # The embedded server's user: created on first use, already there when the server runs.
     return embedded()._user()

@@ -208,6 +208,35 @@ def script(res: Result, form: str = "session", steps: int = 14) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def sessions(res: Result) -> pd.DataFrame:
+    """Return one row per session feature: what happened through the pooler, and the fix."""
+    m = res.measured
+    cols = ["session feature", "through PgBouncer (transaction mode)", "instead"]
+    if m.get("skipped"):
+        return pd.DataFrame([{"session feature": "all", cols[1]: f"skipped: {m['skipped']}",
+                              "instead": ""}], columns=cols)
+    ps, lock = m["prepared_statements"], m["advisory_lock"]
+    rows = [
+        ("set_config(..., false): the session form",
+         f"{m['session_form']['wrong_tenant_reads']} of {m['session_form']['reads']} of B's reads "
+         "ran under A's tenant", "set_config(..., true) inside the job's transaction"),
+        ("psycopg's automatic prepared statements",
+         f"job {ps['default_failed_at']} failed: {ps['default_error']}"
+         if ps["default_failed_at"] else "no job failed",
+         f"{' or '.join(ps['fixed_by']) or 'nothing measured fixed it'}; "
+         f"max_prepared_statements: {ps['max_prepared_statements']}"),
+        ("session advisory lock (pg_advisory_lock)",
+         "B's next transaction got the lock A holds: same server connection"
+         if lock["crossed"] else "B did not get A's lock",
+         "pg_advisory_xact_lock, or a lease column in the jobs table"),
+        ("LISTEN",
+         "no notification" if not m["listen_through_pooler_works"] else "the notification arrived",
+         "LISTEN on a direct connection (it got the notification)"
+         if m["listen_direct_works"] else "a direct connection (it got nothing either)"),
+    ]
+    return pd.DataFrame(rows, columns=cols)
+
+
 # --- part 2: session features through the pooler --------------------------------------------
 
 def prepared_statements(s: db.Scratch, threshold: int | None,
