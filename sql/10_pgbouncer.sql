@@ -30,3 +30,11 @@ listen tenantlab_wake;
 -- Run by the LISTEN probe (direct): what an enqueue would send.
 -- name: pgbouncer_notify
 select pg_notify('tenantlab_wake', %(payload)s);
+
+-- Run by tenantlab.pgbouncer.PgBouncer.settings on PgBouncer's console (database pgbouncer).
+-- name: pgbouncer_show_config
+show config;
+
+-- Run by tenantlab.pgbouncer.PgBouncer.settings on PgBouncer's console: "PgBouncer 1.18.0".
+-- name: pgbouncer_show_version
+show version;

@@ -30,14 +30,18 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import db
+from .queries import q
 from .server import ServerError, embedded, free_port
 
 log = logging.getLogger("tenantlab")
 
 INSTALL = "pgbouncer is not installed: sudo apt install pgbouncer / brew install pgbouncer"
+#: A PgBouncer someone else runs (docker compose's pooler service): used as it is, never started.
+EXTERNAL = "TENANTLAB_PGBOUNCER_URL"
 #: The first PgBouncer that keeps track of protocol-level prepared statements in transaction mode.
 PREPARED_STATEMENTS_SINCE = (1, 21)
 
@@ -67,7 +71,15 @@ def binary() -> Path:
     return Path(found)
 
 
+def external_url() -> str | None:
+    """Return the PgBouncer to use as it is (TENANTLAB_PGBOUNCER_URL; docker compose's), if any."""
+    return os.environ.get(EXTERNAL) or None
+
+
 def installed() -> bool:
+    """Return True when there is a PgBouncer to measure: an external one, or the binary."""
+    if external_url():
+        return True
     try:
         binary()
     except PgBouncerMissing:
@@ -91,6 +103,10 @@ def version_tuple() -> tuple[int, ...]:
 
 def describe() -> str:
     """Return one line: which PgBouncer the kit runs, or how to install one."""
+    if url := external_url():
+        where = conninfo_to_dict(url)
+        return (f"the PgBouncer at {where.get('host')}:{where.get('port')} ({EXTERNAL}), used as "
+                "it is configured (docker compose: transaction mode, 2 server connections)")
     try:
         path = binary()
     except PgBouncerMissing as e:
@@ -119,11 +135,12 @@ class Config:
 class PgBouncer:
     """A PgBouncer the kit started: where it listens, its files, and its process."""
 
-    directory: Path
+    directory: Path | None
     host: str
     port: int
     admin_dsn: str
     proc: subprocess.Popen | None = None
+    config: Config | None = None  # None: an external PgBouncer, configured by someone else
 
     def dsn(self, dbname: str = "postgres", user: str = db.WORKER, password: str | None = None) -> str:
         """Return a DSN that reaches database `dbname` through the pooler (as the worker role)."""
@@ -136,15 +153,46 @@ class PgBouncer:
         return make_conninfo(dsn, host=self.host, port=str(self.port))
 
     @property
-    def logfile(self) -> Path:
-        return self.directory / "pgbouncer.log"
+    def external(self) -> bool:
+        return self.config is None
+
+    @property
+    def logfile(self) -> Path | None:
+        return self.directory / "pgbouncer.log" if self.directory else None
 
     def last_log_line(self) -> str:
         try:
-            lines = [ln for ln in self.logfile.read_text().splitlines() if ln.strip()]
+            text = self.logfile.read_text() if self.logfile else ""
         except OSError:
             return "no log"
+        lines = [ln for ln in text.splitlines() if ln.strip()]
         return lines[-1] if lines else "empty log"
+
+    def settings(self) -> dict[str, str]:
+        """Return what PgBouncer's console says: its version and its configuration.
+
+        The console takes the admin's name and password (the kit's own pooler lists the admin in
+        ``admin_users``; docker compose's does too). Without them, what the kit configured.
+        """
+        console = make_conninfo(self.admin_dsn, host=self.host, port=str(self.port),
+                                 dbname="pgbouncer")
+        try:
+            # The console speaks the simple query protocol only: a client-side-binding cursor.
+            with psycopg.connect(console, autocommit=True, prepare_threshold=None,
+                                 application_name=f"{db.APP} pgbouncer console") as conn:
+                cur = psycopg.ClientCursor(conn)
+                found = {str(k): str(v) for k, v, *_ in
+                         cur.execute(q("pgbouncer_show_config")).fetchall()}
+                row = cur.execute(q("pgbouncer_show_version")).fetchone()
+                found["version"] = str(row[0]).removeprefix("PgBouncer ") if row else ""
+                return found
+        except psycopg.Error:
+            if self.config is None:
+                raise
+        c = self.config
+        return {"version": version(), "pool_mode": c.pool_mode,
+                "default_pool_size": str(c.pool_size),
+                "max_prepared_statements": str(c.max_prepared_statements or 0)}
 
 
 def write_files(directory: Path, admin_dsn: str, port: int, config: Config,
@@ -155,7 +203,12 @@ def write_files(directory: Path, admin_dsn: str, port: int, config: Config,
     server_port = str(target.get("port") or 5432)
     auth = directory / "userlist.txt"
     # The worker's password in clear: PgBouncer needs it to log in to PostgreSQL with SCRAM.
-    auth.write_text(f'"{db.WORKER}" "{db.worker_password(admin_dsn)}"\n')
+    users = {db.WORKER: db.worker_password(admin_dsn)}
+    # The admin may open PgBouncer's console (SHOW CONFIG), as on docker compose's pooler.
+    admin = str(target.get("user") or "")
+    if admin and target.get("password"):
+        users[admin] = str(target["password"])
+    auth.write_text("".join(f'"{u}" "{pw}"\n' for u, pw in users.items()))
     lines = [
         "[databases]",
         # Any database name a client asks for, on the kit's server: scratch databases come and go.
@@ -174,6 +227,7 @@ def write_files(directory: Path, admin_dsn: str, port: int, config: Config,
         f"max_client_conn = {config.max_client_conn}",
         # LIFO (PgBouncer's default), stated: the most recently used server connection goes first.
         "server_round_robin = 0",
+        f"admin_users = {admin or db.WORKER}",
         f"logfile = {directory / 'pgbouncer.log'}",
         f"pidfile = {directory / 'pgbouncer.pid'}" if daemon else "",
         "log_connections = 0",
@@ -204,8 +258,8 @@ def _spawn(ini: Path, user: pwd.struct_passwd | None, *, daemon: bool) -> subpro
 
 def _startup_error(bouncer: PgBouncer) -> str:
     try:
-        lines = [ln for ln in (bouncer.directory / "stderr.log").read_text().splitlines()
-                 if ln.strip()]
+        text = (bouncer.directory / "stderr.log").read_text() if bouncer.directory else ""
+        lines = [ln for ln in text.splitlines() if ln.strip()]
     except OSError:
         lines = []
     return lines[-1] if lines else bouncer.last_log_line()
@@ -242,13 +296,19 @@ def running(admin_dsn: str | None = None, config: Config | None = None) -> Itera
     """Run a PgBouncer in front of the server for the block; stop it afterwards, whatever happens."""
     admin_dsn = admin_dsn or db.admin_dsn()
     config = config or Config()
+    if url := external_url():
+        # Someone else's pooler: nothing to start or stop, and its own configuration.
+        where = conninfo_to_dict(url)
+        yield PgBouncer(None, str(where.get("host") or "127.0.0.1"),
+                        int(where.get("port") or 6432), admin_dsn)
+        return
     binary()  # missing: say how to install it before anything else happens
     user = _run_as()
     with tempfile.TemporaryDirectory(prefix="tenantlab-pgbouncer-") as tmp:
         directory = Path(tmp)
         port = free_port()
         ini = write_files(directory, admin_dsn, port, config, user)
-        bouncer = PgBouncer(directory, "127.0.0.1", port, admin_dsn)
+        bouncer = PgBouncer(directory, "127.0.0.1", port, admin_dsn, config=config)
         try:
             bouncer.proc = _spawn(ini, user, daemon=False)
             _wait_listening(bouncer)
@@ -281,15 +341,17 @@ def start_daemon(admin_dsn: str, config: Config | None = None) -> tuple[PgBounce
     """Start the kit's PgBouncer in the background unless it runs; return it and whether we started it."""
     directory = daemon_dir()
     port_file = directory / "port"
+    config = config or Config()
     if daemon_pid() is not None:
-        return PgBouncer(directory, "127.0.0.1", int(port_file.read_text()), admin_dsn), False
+        return PgBouncer(directory, "127.0.0.1", int(port_file.read_text()), admin_dsn,
+                         config=config), False
     binary()
     user = _run_as()
     directory.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    ini = write_files(directory, admin_dsn, port, config or Config(), user, daemon=True)
+    ini = write_files(directory, admin_dsn, port, config, user, daemon=True)
     port_file.write_text(f"{port}\n")
-    bouncer = PgBouncer(directory, "127.0.0.1", port, admin_dsn)
+    bouncer = PgBouncer(directory, "127.0.0.1", port, admin_dsn, config=config)
     proc = _spawn(ini, user, daemon=True)
     if proc.wait(timeout=10) != 0:
         raise PgBouncerError(f"pgbouncer did not start: {_startup_error(bouncer)}")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import yaml
 
 from notebooks import run_clean
 from tenantlab import db, pgbouncer, reproduce
@@ -61,6 +62,7 @@ def test_pooler_stops_on_keyboard_interrupt(scratch: db.Scratch) -> None:
 
 def test_missing_pgbouncer_is_skipped_with_the_install_message(monkeypatch) -> None:
     monkeypatch.setenv("TENANTLAB_PGBOUNCER", "/nonexistent/pgbouncer")
+    monkeypatch.delenv(pgbouncer.EXTERNAL, raising=False)
     with pytest.raises(pgbouncer.PgBouncerMissing, match="sudo apt install pgbouncer"):
         with pgbouncer.running("host=127.0.0.1 port=1 user=x password=y"):
             pass
@@ -133,10 +135,31 @@ def test_up_with_pgbouncer_starts_a_daemon_that_down_stops(admin_dsn: str, monke
         with psycopg.connect(b.dsn("postgres"), prepare_threshold=None) as conn:
             assert conn.execute("select current_user").fetchone() == (db.WORKER,)
         assert pgbouncer.start_daemon(admin_dsn)[1] is False  # idempotent
+        # Someone else's PgBouncer (docker compose's): used as it is, its settings read from
+        # its console, nothing started or stopped.
+        monkeypatch.setenv(pgbouncer.EXTERNAL, f"postgresql://127.0.0.1:{b.port}")
+        with pgbouncer.running(admin_dsn) as ext:
+            assert ext.external and ext.proc is None and ext.port == b.port
+            settings = ext.settings()
+            assert settings["pool_mode"] == "transaction"
+            assert settings["version"] == pgbouncer.version()
+        assert pgbouncer.daemon_pid() is not None
     finally:
         assert pgbouncer.stop_daemon()
     assert pgbouncer.daemon_pid() is None
     _no_pgbouncer_left()
+
+
+def test_compose_runs_a_pinned_transaction_mode_pgbouncer() -> None:
+    root = Path(__file__).resolve().parent.parent
+    services = yaml.safe_load((root / "docker-compose.yml").read_text())["services"]
+    pooler = services["pgbouncer"]
+    image, tag = pooler["image"].split(":")
+    assert image == "edoburu/pgbouncer" and tag not in ("", "latest")
+    assert pooler["environment"]["POOL_MODE"] == "transaction"
+    assert pooler["environment"]["DB_HOST"] == "db"
+    assert services["lab"]["environment"][pgbouncer.EXTERNAL] == "postgresql://pgbouncer:5432"
+    assert services["lab"]["depends_on"]["pgbouncer"]["condition"] == "service_healthy"
 
 
 @needs_pgbouncer

@@ -239,6 +239,54 @@ def sessions(res: Result) -> pd.DataFrame:
 
 # --- part 2: session features through the pooler --------------------------------------------
 
+def pooler_facts(k: Knobs) -> dict[str, Any]:
+    """Return which PgBouncer runs, its version, mode, pool size and prepared-statement tracking."""
+    with pooler.running(config=pooler.Config(pool_size=k.pool_size)) as b:
+        settings = b.settings()
+        where = f"external {b.host}:{b.port}" if b.external else "started by the kit"
+    if settings.get("pool_mode") != "transaction":
+        raise pooler.PgBouncerError(
+            f"the PgBouncer at {b.host}:{b.port} pools in {settings.get('pool_mode')} mode: "
+            "finding pgbouncer needs pool_mode = transaction")
+    return {"pooler": where, "external": b.external, "version": settings["version"],
+            "pool_mode": settings["pool_mode"], "pool_size": int(settings["default_pool_size"]),
+            "max_prepared_statements": int(settings.get("max_prepared_statements") or 0)}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+
+
+def prepared_probes(s: db.Scratch, facts: dict[str, Any]) -> dict[str, Any]:
+    """Run the prepared-statement probe with psycopg's default, and with what should fix it."""
+    tracks = _version(facts["version"]) >= pooler.PREPARED_STATEMENTS_SINCE
+    # Our own pooler: tracking explicitly off (where it exists) for the default run; someone
+    # else's: as it is configured (docker compose's PgBouncer 1.25 tracks them by default).
+    off = 0 if tracks and not facts["external"] else None
+    tracked = facts["external"] and facts["max_prepared_statements"] > 0
+    default = prepared_statements(s, tenant.DEFAULT_PREPARE_THRESHOLD, off)
+    fixed_by = []
+    if prepared_statements(s, None)["failed_at"] is None:
+        fixed_by.append("prepare_threshold=None")
+    if tracked and default["failed_at"] is None:
+        fixed_by.append(f"max_prepared_statements={facts['max_prepared_statements']}")
+        note = f"measured: on, {facts['max_prepared_statements']} (the external PgBouncer's)"
+    elif tracks and not facts["external"]:
+        on = prepared_statements(s, tenant.DEFAULT_PREPARE_THRESHOLD, 100)
+        if on["failed_at"] is None:
+            fixed_by.append("max_prepared_statements=100")
+        note = "measured: " + ("100, no job failed" if on["failed_at"] is None
+                               else f"100, job {on['failed_at']} failed")
+    elif tracks:
+        note = "measured: off (0) on the external PgBouncer"
+    else:
+        note = (f"not measured: PgBouncer {facts['version']} here; max_prepared_statements "
+                "arrives in PgBouncer 1.21")
+    return {"default_failed_at": default["failed_at"], "default_error": default["error"],
+            "fixed_by": fixed_by, "max_prepared_statements": note,
+            "pooler_tracks_prepared": bool(tracked)}
+
+
 def prepared_statements(s: db.Scratch, threshold: int | None,
                         max_prepared: int | None = None) -> dict[str, Any]:
     """Two clients take turns running the same job; return the first job that failed, if any."""
@@ -345,7 +393,8 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
                       summary=f"skipped: {pooler.INSTALL}")
     step = progress or (lambda n=1: None)
     evs: list[dict[str, Any]] = []
-    with db.scratch("pgbouncer") as s, tempfile.TemporaryDirectory(prefix="tenantlab-") as tmp:
+    facts = pooler_facts(k)
+    with tempfile.TemporaryDirectory(prefix="tenantlab-") as tmp:
         workdir = Path(tmp)
 
         def drawer(form: str) -> Callable[[list[dict[str, Any]]], None]:
@@ -354,45 +403,38 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
                     live.update(reads_frame(evs + [{**e, "form": form} for e in now]))
             return draw
 
+        # A database of its own per part: a pooler keeps one pool per database, so no part meets
+        # server connections an earlier part left a tenant or a lock on (also on an external one).
         forms = {}
         for form in ("session", "local"):
             draw = drawer(form)
-            part = leak(s, form, k, workdir, live=draw)
+            with db.scratch(f"pgbouncer {form}") as s:
+                part = leak(s, form, k, workdir, live=draw)
             evs += part
             forms[form] = _leak_summary(part)
             draw([])  # the finished form, with its final reads
             step(1)
-        default = prepared_statements(s, tenant.DEFAULT_PREPARE_THRESHOLD)
-        fixed = prepared_statements(s, None)
-        fixed_by = ["prepare_threshold=None"] if fixed["failed_at"] is None else []
-        if pooler.version_tuple() >= pooler.PREPARED_STATEMENTS_SINCE:
-            tracked = prepared_statements(s, tenant.DEFAULT_PREPARE_THRESHOLD, max_prepared=100)
-            if tracked["failed_at"] is None:
-                fixed_by.append("max_prepared_statements=100")
-            max_prepared = "measured: " + ("no failure" if tracked["failed_at"] is None
-                                           else f"failed at job {tracked['failed_at']}")
-        else:
-            max_prepared = (f"not measured: PgBouncer {pooler.version()} here; "
-                            "max_prepared_statements arrives in PgBouncer 1.21")
+        with db.scratch("pgbouncer prepared") as s:
+            prepared = prepared_probes(s, facts)
         step(1)
-        lock = advisory_lock(s)
-        heard = listen(s)
+        with db.scratch("pgbouncer sessions") as s:
+            lock = advisory_lock(s)
+            heard = listen(s)
         step(1)
-        with pooler.running(s.admin, pooler.Config(pool_size=k.pool_size)) as b:
-            through = corrected(s, b.through(s.worker), k, workdir, "pgbouncer")
-        direct = corrected(s, s.worker, k, workdir, "direct")
+        with db.scratch("pgbouncer corrected") as s:
+            with pooler.running(s.admin, pooler.Config(pool_size=k.pool_size)) as b:
+                through = corrected(s, b.through(s.worker), k, workdir, "pgbouncer")
+            direct = corrected(s, s.worker, k, workdir, "direct")
         step(1)
     measured = {
-        "pgbouncer_version": pooler.version(),
-        "pool_mode": "transaction",
-        "pool_size": k.pool_size,
+        "pgbouncer_version": facts["version"],
+        "pooler": facts["pooler"],
+        "pool_mode": facts["pool_mode"],
+        "pool_size": facts["pool_size"],
         "processes": k.processes,
         "session_form": forms["session"],
         "local_form": forms["local"],
-        "prepared_statements": {
-            "default_failed_at": default["failed_at"], "default_error": default["error"],
-            "fixed_by": fixed_by, "max_prepared_statements": max_prepared,
-        },
+        "prepared_statements": prepared,
         "advisory_lock_crossed": lock["crossed"],
         "advisory_lock": lock,
         "listen_through_pooler_works": heard["through_pooler"],
@@ -422,8 +464,10 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
               f"some of B's {sf['reads']} reads", f"{sf['wrong_tenant_reads']} of {sf['reads']} reads"),
         check("local form: B never reads under a tenant", lf["wrong_tenant_reads"] == 0,
               f"0 of {lf['reads']} reads", f"{lf['wrong_tenant_reads']} of {lf['reads']} reads"),
-        check("psycopg's automatic prepared statements", ps["default_failed_at"] is not None,
-              "a job fails through the pooler",
+        check("psycopg's automatic prepared statements",
+              (ps["default_failed_at"] is None) == bool(ps.get("pooler_tracks_prepared")),
+              "every job runs (the pooler tracks them)" if ps.get("pooler_tracks_prepared")
+              else "a job fails through the pooler",
               f"job {ps['default_failed_at']} failed: {ps['default_error']}"
               if ps["default_failed_at"] else "no job failed"),
         check("prepare_threshold=None", "prepare_threshold=None" in ps["fixed_by"],
