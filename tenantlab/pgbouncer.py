@@ -97,10 +97,6 @@ def version() -> str:
     return match.group(1)
 
 
-def version_tuple() -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", version())[:3])
-
-
 def describe() -> str:
     """Return one line: which PgBouncer the kit runs, or how to install one."""
     if url := external_url():

@@ -10,7 +10,8 @@
   prepared statements, until the queue is empty.
 
 Every step is one line of the shared event log, with the server connection (backend pid) it ran
-on: the experiment draws who got which server connection from it.
+on: the experiment draws who got which server connection from it. ``clients(dsn, log)`` is the
+experiment's side: it starts them and always ends them.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 
@@ -82,6 +87,70 @@ def leased(name: str, events: EventLog) -> None:
         while not stop.asked:
             if design.run_one(conn, worker=name, events=events) is None:
                 break
+
+
+# --- the experiment's side: start them, wait for them, always end them ----------------------
+
+class Clients:
+    """Child processes that are clients of the pooler (or of the server); always ended."""
+
+    def __init__(self, dsn: str, path: Path) -> None:
+        # The DSN (with its password) goes through the environment, not the command line.
+        self.env = dict(os.environ, TENANTLAB_DSN=dsn)
+        self.path = path
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, role: str, name: str, *options: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "tenantlab.experiments._pooled", role, "--name", name,
+               "--events", str(self.path), *options]
+        proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        """Ask every live process to stop, then kill what is left; raise on one that failed."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        failed = []
+        for p in self.procs:
+            try:
+                _, err = p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                _, err = p.communicate()
+            if p.returncode not in (0, -15):
+                failed.append(f"pid {p.pid} exited {p.returncode}: {(err or '').strip()[-300:]}")
+        self.procs = []
+        if failed:
+            raise RuntimeError(f"pgbouncer worker process failed: {failed[0]}")
+
+
+@contextmanager
+def clients(dsn: str, path: Path) -> Iterator[Clients]:
+    c = Clients(dsn, path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def wait(until: Callable[[], bool], timeout: float, tick: Callable[[], None] | None = None,
+          procs: list[subprocess.Popen] | None = None) -> None:
+    """Return when until() holds or a process failed (close() says why); tick() meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not until():
+        for p in procs or []:
+            if p.poll() not in (None, 0):
+                return  # Clients.close says why
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pgbouncer experiment step still not done after {timeout:g} s")
+        if tick:
+            tick()
+        time.sleep(0.1)
+    if tick:
+        tick()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,30 +6,27 @@ transactions set none and record what their server connection carries. In the se
 reads under A's tenant; in the local form never. Then what else of the session stops meaning
 what it meant: psycopg's automatic prepared statements, a session advisory lock, LISTEN. Last,
 the corrected worker (``queue.Leased``, ``prepare_threshold=None``) through the pooler and
-direct, with its jobs/s. Each part gets a pooler of its own, so no part inherits server
-connections that another part left a tenant on.
+direct, with its jobs/s. Each part gets a pooler and a database of its own, so no part meets
+server connections that another part left a tenant or a lock on. The probes live in
+``_probes.py``, the worker processes in ``_pooled.py``.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pandas as pd
-import psycopg
 
-from .. import db, events, finding, queue, tenant
+from .. import db, events, finding, queue
 from .. import pgbouncer as pooler
 from ..finding import Result, Verdict, check, knob, plain
 from ..queries import q
+from ._pooled import clients, wait
+from ._probes import advisory_lock, listen, pooler_facts, prepared_probes
 
 CLAIM = ("Behind PgBouncer in transaction mode one server connection serves every process in "
          "turn: a tenant set in the session form by one worker process is read by another "
@@ -40,10 +37,6 @@ CLAIM = ("Behind PgBouncer in transaction mode one server connection serves ever
 ARTICLE: dict[str, Any] = {
     "note": "not in the article: measured here, beyond it, through a real PgBouncer",
 }
-
-LOCK_KEY = 0x7E4A48  # the advisory lock the probe takes (one above the template build's)
-PROBE_JOBS = 20  # jobs per client in the prepared-statement probe: past psycopg's threshold (5)
-LISTEN_WAIT = 1.0  # seconds a listener waits for the notification
 
 
 @dataclass(frozen=True)
@@ -56,69 +49,6 @@ class Knobs(finding.Knobs):
     processes: int = knob(2, lo=2, hi=5, label="worker processes")
     reads: int = knob(100, full=400, lo=20, hi=400, step=20, label="reads by process B")
     jobs: int = knob(300, full=2000, lo=50, hi=2000, step=50, label="jobs (corrected worker)")
-
-
-# --- the worker processes ---------------------------------------------------------------------
-
-class Clients:
-    """Child processes that are clients of the pooler (or of the server); always ended."""
-
-    def __init__(self, dsn: str, path: Path) -> None:
-        # The DSN (with its password) goes through the environment, not the command line.
-        self.env = dict(os.environ, TENANTLAB_DSN=dsn)
-        self.path = path
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, role: str, name: str, *options: str) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "tenantlab.experiments._pooled", role, "--name", name,
-               "--events", str(self.path), *options]
-        proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
-        self.procs.append(proc)
-        return proc
-
-    def close(self) -> None:
-        """Ask every live process to stop, then kill what is left; raise on one that failed."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        failed = []
-        for p in self.procs:
-            try:
-                _, err = p.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                _, err = p.communicate()
-            if p.returncode not in (0, -15):
-                failed.append(f"pid {p.pid} exited {p.returncode}: {(err or '').strip()[-300:]}")
-        self.procs = []
-        if failed:
-            raise RuntimeError(f"pgbouncer worker process failed: {failed[0]}")
-
-
-@contextmanager
-def clients(dsn: str, path: Path) -> Iterator[Clients]:
-    c = Clients(dsn, path)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-def _wait(until: Callable[[], bool], timeout: float, tick: Callable[[], None] | None = None,
-          procs: list[subprocess.Popen] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        for p in procs or []:
-            if p.poll() not in (None, 0):
-                return  # Clients.close says why
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pgbouncer experiment step still not done after {timeout:g} s")
-        if tick:
-            tick()
-        time.sleep(0.1)
-    if tick:
-        tick()
 
 
 # --- part 1: the tenant context across processes -------------------------------------------
@@ -146,10 +76,10 @@ def leak(s: db.Scratch, form: str, k: Knobs, workdir: Path,
             return done >= set(names)
 
         # B starts once every A has run a job: its reads then all meet a pool that A has used.
-        _wait(jobs_started, 30, procs=c.procs)
+        wait(jobs_started, 30, procs=c.procs)
         proc = c.start("reader", reader, "--reads", str(k.reads), "--interval", "0.008")
         tick = (lambda: live(events.read(path))) if live else None
-        _wait(lambda: proc.poll() is not None, 60 + k.reads * 0.1, tick, procs=c.procs)
+        wait(lambda: proc.poll() is not None, 60 + k.reads * 0.1, tick, procs=c.procs)
     out = events.read(path)
     for e in out:
         e["form"] = form
@@ -237,124 +167,6 @@ def sessions(res: Result) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-# --- part 2: session features through the pooler --------------------------------------------
-
-def pooler_facts(k: Knobs) -> dict[str, Any]:
-    """Return which PgBouncer runs, its version, mode, pool size and prepared-statement tracking."""
-    with pooler.running(config=pooler.Config(pool_size=k.pool_size)) as b:
-        settings = b.settings()
-        where = f"external {b.host}:{b.port}" if b.external else "started by the kit"
-    if settings.get("pool_mode") != "transaction":
-        raise pooler.PgBouncerError(
-            f"the PgBouncer at {b.host}:{b.port} pools in {settings.get('pool_mode')} mode: "
-            "finding pgbouncer needs pool_mode = transaction")
-    return {"pooler": where, "external": b.external, "version": settings["version"],
-            "pool_mode": settings["pool_mode"], "pool_size": int(settings["default_pool_size"]),
-            "max_prepared_statements": int(settings.get("max_prepared_statements") or 0)}
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
-
-
-def prepared_probes(s: db.Scratch, facts: dict[str, Any]) -> dict[str, Any]:
-    """Run the prepared-statement probe with psycopg's default, and with what should fix it."""
-    tracks = _version(facts["version"]) >= pooler.PREPARED_STATEMENTS_SINCE
-    # Our own pooler: tracking explicitly off (where it exists) for the default run; someone
-    # else's: as it is configured (docker compose's PgBouncer 1.25 tracks them by default).
-    off = 0 if tracks and not facts["external"] else None
-    tracked = facts["external"] and facts["max_prepared_statements"] > 0
-    default = prepared_statements(s, tenant.DEFAULT_PREPARE_THRESHOLD, off)
-    fixed_by = []
-    if prepared_statements(s, None)["failed_at"] is None:
-        fixed_by.append("prepare_threshold=None")
-    if tracked and default["failed_at"] is None:
-        fixed_by.append(f"max_prepared_statements={facts['max_prepared_statements']}")
-        note = f"measured: on, {facts['max_prepared_statements']} (the external PgBouncer's)"
-    elif tracks and not facts["external"]:
-        on = prepared_statements(s, tenant.DEFAULT_PREPARE_THRESHOLD, 100)
-        if on["failed_at"] is None:
-            fixed_by.append("max_prepared_statements=100")
-        note = "measured: " + ("100, no job failed" if on["failed_at"] is None
-                               else f"100, job {on['failed_at']} failed")
-    elif tracks:
-        note = "measured: off (0) on the external PgBouncer"
-    else:
-        note = (f"not measured: PgBouncer {facts['version']} here; max_prepared_statements "
-                "arrives in PgBouncer 1.21")
-    return {"default_failed_at": default["failed_at"], "default_error": default["error"],
-            "fixed_by": fixed_by, "max_prepared_statements": note,
-            "pooler_tracks_prepared": bool(tracked)}
-
-
-def prepared_statements(s: db.Scratch, threshold: int | None,
-                        max_prepared: int | None = None) -> dict[str, Any]:
-    """Two clients take turns running the same job; return the first job that failed, if any."""
-    config = pooler.Config(pool_size=2, max_prepared_statements=max_prepared)
-    with pooler.running(s.admin, config) as b:
-        conns = [db.connect(b.through(s.worker), f"pgbouncer prepared {who}", autocommit=True,
-                            prepare_threshold=threshold) for who in "AB"]
-        try:
-            for n in range(1, 2 * PROBE_JOBS + 1):
-                who = "AB"[(n - 1) % 2]
-                try:
-                    with conns[(n - 1) % 2].transaction() as tx:
-                        tenant.set_tenant(tx.connection, n % 100 + 1, local=True)
-                        tenant.count_invoices(tx.connection)
-                except psycopg.Error as e:
-                    return {"failed_at": n, "client": who, "error": f"{type(e).__name__}: {e}"}
-        finally:
-            for conn in conns:
-                conn.close()
-    return {"failed_at": None, "client": None, "error": None, "jobs": 2 * PROBE_JOBS}
-
-
-def advisory_lock(s: db.Scratch) -> dict[str, Any]:
-    """A takes a session lock in one transaction; what do B's later transactions see?"""
-    with pooler.running(s.admin, pooler.Config(pool_size=2)) as b, \
-            db.connect(s.admin, "pgbouncer lock watch", autocommit=True) as admin:
-        a = db.connect(b.through(s.worker), "pgbouncer lock A", autocommit=True,
-                       prepare_threshold=None)
-        c = db.connect(b.through(s.worker), "pgbouncer lock B", autocommit=True,
-                       prepare_threshold=None)
-        try:
-            _, a_server = a.execute(q("pgbouncer_lock"), {"key": LOCK_KEY}).fetchone() or (0, 0)
-            holders = [r[0] for r in admin.execute(q("pgbouncer_lock_holders"), {"key": LOCK_KEY})]
-            # B's next transaction: PgBouncer hands out the server connection used last (LIFO).
-            same_got, same_server = c.execute(q("pgbouncer_try_lock"),
-                                              {"key": LOCK_KEY}).fetchone() or (False, 0)
-            # A busy in a transaction on its server connection: B gets the other one.
-            with a.transaction():
-                a_now = db.scalar(a, q("pgbouncer_server"))
-                with c.transaction():
-                    other_got, other_server = c.execute(
-                        q("pgbouncer_try_lock"), {"key": LOCK_KEY}).fetchone() or (False, 0)
-        finally:
-            a.close()
-            c.close()
-    return {
-        "a_locked_on": a_server, "held_after_commit_by": holders,
-        "b_same_server": same_server == a_server, "b_same_server_got_lock": bool(same_got),
-        "a_then_on": a_now, "b_other_server": other_server != a_server,
-        "b_other_server_got_lock": bool(other_got),
-        "crossed": bool(same_got) and same_server == a_server,
-    }
-
-
-def listen(s: db.Scratch) -> dict[str, Any]:
-    """LISTEN through the pooler and directly; NOTIFY directly; who gets the notification?"""
-    got = {}
-    with pooler.running(s.admin, pooler.Config(pool_size=2)) as b, \
-            db.connect(s.admin, "pgbouncer notify", autocommit=True) as admin:
-        for how, dsn in (("pooler", b.through(s.worker)), ("direct", s.worker)):
-            with db.connect(dsn, f"pgbouncer listen {how}", autocommit=True,
-                            prepare_threshold=None) as conn:
-                conn.execute(q("pgbouncer_listen"))
-                admin.execute(q("pgbouncer_notify"), {"payload": f"wake {how}"})
-                got[how] = [n.payload for n in conn.notifies(timeout=LISTEN_WAIT, stop_after=1)]
-    return {"through_pooler": bool(got["pooler"]), "direct": bool(got["direct"])}
-
-
 # --- part 3: the corrected worker through the pooler ----------------------------------------
 
 def corrected(s: db.Scratch, dsn: str, k: Knobs, workdir: Path, how: str) -> dict[str, Any]:
@@ -366,7 +178,7 @@ def corrected(s: db.Scratch, dsn: str, k: Knobs, workdir: Path, how: str) -> dic
     path = workdir / f"corrected-{how}.jsonl"
     with clients(dsn, path) as c:
         procs = [c.start("leased", f"{how}-{i + 1}") for i in range(k.processes)]
-        _wait(lambda: all(p.poll() is not None for p in procs), 60 + k.jobs * 0.05, procs=procs)
+        wait(lambda: all(p.poll() is not None for p in procs), 60 + k.jobs * 0.05, procs=procs)
     with db.connect(s.worker, "pgbouncer states", autocommit=True) as conn:
         states = queue.job_states(conn)
     evs = events.read(path)
@@ -393,7 +205,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
                       summary=f"skipped: {pooler.INSTALL}")
     step = progress or (lambda n=1: None)
     evs: list[dict[str, Any]] = []
-    facts = pooler_facts(k)
+    facts = pooler_facts(k.pool_size)
     with tempfile.TemporaryDirectory(prefix="tenantlab-") as tmp:
         workdir = Path(tmp)
 
