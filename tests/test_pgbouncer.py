@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from notebooks import run_clean
-from tenantlab import db, pgbouncer, reproduce
+from tenantlab import cli, db, pgbouncer, reproduce
 from tenantlab.experiments import pgbouncer as finding
 
 pytestmark = pytest.mark.slow
@@ -148,6 +148,11 @@ def test_up_with_pgbouncer_starts_a_daemon_that_down_stops(admin_dsn: str, monke
         assert pgbouncer.stop_daemon()
     assert pgbouncer.daemon_pid() is None
     _no_pgbouncer_left()
+
+
+def test_up_takes_a_pgbouncer_flag() -> None:
+    assert cli.parser().parse_args(["up", "--pgbouncer"]).pgbouncer is True
+    assert cli.parser().parse_args(["up"]).pgbouncer is False
 
 
 def test_compose_runs_a_pinned_transaction_mode_pgbouncer() -> None:
