@@ -65,10 +65,16 @@ class Sample:
         ]
 
     def table(self) -> pd.DataFrame:
-        """Return the holders as shown in a notebook: who, state, how old, how many xids behind."""
-        cols = ["pid", "datname", "application_name", "state", "backend_xid", "backend_xmin",
-                "xid_age", "xact_seconds"]
-        return self.holders[cols].round({"xact_seconds": 1})
+        """Return the holders as a notebook shows them: who, what they hold, for how long."""
+        h = self.holders
+        holds = [f"xid {x}" if pd.notna(x) else f"snapshot (xmin {m})"
+                 for x, m in zip(h["backend_xid"], h["backend_xmin"], strict=True)]
+        return pd.DataFrame({
+            "pid": h["pid"], "session": h["application_name"], "database": h["datname"],
+            "state": h["state"], "holds": holds,
+            "xids behind": h["xid_age"].astype("Int64"),
+            "open (s)": h["xact_seconds"].round(1),
+        })
 
 
 class Monitor:

@@ -48,7 +48,32 @@ def setup() -> Lab:
         ) from None
     db.ensure_template(dsn)
     _offline_charts()
+    _tables()
     return Lab(dsn=dsn, version=version)
+
+
+def _tables() -> None:
+    # Evidence is never cut with "…": a long text wraps inside its column instead.
+    pd.set_option("display.max_colwidth", None)
+    pd.set_option("display.max_rows", 200)
+    if in_notebook():
+        from IPython.display import HTML, display
+
+        display(HTML("<style>.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th "
+                     "{white-space: normal; max-width: 28em; text-align: left;}</style>"))
+
+
+def table(df: pd.DataFrame) -> Any:
+    """Return df for display without its index column and with missing values as blanks."""
+    return df.style.hide(axis="index").format(_number, na_rep="")
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:,.0f}"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return _cell(value)
 
 
 def _offline_charts() -> None:

@@ -311,6 +311,32 @@ JS_BROKEN_WIDGETS = """() => Array.from(
   .filter(t => /Error displaying widget|Loading widget\\.\\.\\.|JavaScript Error:/.test(t))
   .map(t => t.slice(0, 300))"""
 
+# Outputs wider than their output area: a participant would have to scroll sideways (or the
+# evidence is cut). Each entry names the cell, how wide the content is and how wide the area.
+JS_OVERFLOW = """() => {
+  const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+  const out = [];
+  cells.forEach((cell, index) => {
+    cell.node.querySelectorAll('.jp-OutputArea-output').forEach(o => {
+      if (o.scrollWidth > o.clientWidth + 2) {
+        out.push({cell: index, content: o.scrollWidth, area: o.clientWidth,
+                  text: (o.innerText || '').slice(0, 80)});
+      }
+    });
+  });
+  return out;
+}"""
+
+# Sliders too narrow to drag (a track under 100 px).
+JS_NARROW_SLIDERS = """() => Array.from(document.querySelectorAll('.widget-slider'))
+  .map(s => ({label: (s.querySelector('.widget-label')?.innerText || '').trim(),
+              width: (s.querySelector('.noUi-target, .slider-container') || s)
+                       .getBoundingClientRect().width}))
+  .filter(s => s.width < 100)"""
+
+# The file browser open, as a participant has it.
+JS_OPEN_FILE_BROWSER = """() => { window.jupyterapp.commands.execute('filebrowser:activate'); }"""
+
 JS_SCROLL_HEIGHT = """() => window.jupyterapp.shell.currentWidget.node
   .querySelector('.jp-WindowedPanel-outer').scrollHeight"""
 
@@ -322,6 +348,7 @@ def open_notebook(page: Page, lab: Lab, name: str, timeout: float = 120) -> None
     """Open notebook name alone (?reset: no tab restored from before) and wait for its kernel."""
     page.goto(f"{lab.url}/lab/tree/{name}?token={lab.token}&reset")
     page.wait_for_function(JS_READY, timeout=timeout * 1000, polling=250)
+    page.evaluate(JS_OPEN_FILE_BROWSER)
 
 
 def run_all(page: Page, timeout: float) -> list[dict]:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+#: Where each notebook's last run time is kept; tools/notebook_timings.py writes the README's table.
+TIMINGS = Path(__file__).resolve().parent.parent / "test-output" / "notebook-seconds.json"
 
 
 def run_notebook(path: Path, timeout: int = 300, env: dict[str, str] | None = None
@@ -54,6 +58,16 @@ def run_clean(name: str, dsn: str) -> tuple[nbformat.NotebookNode, str]:
 
     Return the executed notebook and everything it printed (verdicts are printed lines).
     """
+    started = time.perf_counter()
     nb = run_notebook(NOTEBOOKS / name, env={"DATABASE_URL": dsn})
     assert errors(nb) == [], f"{name}: {errors(nb)}"
+    record(name, time.perf_counter() - started)
     return nb, printed(nb)
+
+
+def record(name: str, seconds: float) -> None:
+    """Keep how long notebook `name` took, top to bottom (a record, never asserted)."""
+    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
+    times = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
+    times[name] = round(seconds, 1)
+    TIMINGS.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")

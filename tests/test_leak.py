@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from notebooks import run_clean
-from tenantlab import db, tenant
+from tenantlab import db, reproduce, tenant
 from tenantlab.experiments import leak
 from tenantlab.queries import q
 
@@ -13,13 +13,22 @@ TENANT_INVOICES = {1: 20000, 2: 10000, 3: 6666}
 
 
 def test_article_variants_leak_exactly_as_the_article_says(admin_dsn: str) -> None:
-    df, summary = leak.run()
-    assert summary["seen_after_job"] == {
+    res = leak.run(leak.Knobs())
+    assert res.measured["seen_after_job"] == {
         "session": [20000, 10000, 6666],
         "session_job2_fails": [20000, 20000, 6666],
         "autocommit_job2_fails": [20000, 10000, 6666],
         "local": [0, 0, 0],
     }
+    assert res.measured["as_article"] == dict.fromkeys(leak.ARTICLE["seen_after_job"], True)
+    assert res.verdict.valid and res.verdict.against == "the article"
+    assert [c.name for c in res.verdict.checks] == [
+        "session form, all succeed: the borrower saw",
+        "session form, job 2 fails: the borrower saw",
+        "session form, job 2 fails, autocommit: the borrower saw",
+        "local form, all succeed: the borrower saw",
+    ]
+    df = res.table
     # Every job saw its own tenant's invoices, the failing one included (it failed after counting).
     jobs = df[df.actor == "job"]
     assert list(jobs.invoices_seen) == [TENANT_INVOICES[t] for t in jobs.tenant]
@@ -28,27 +37,48 @@ def test_article_variants_leak_exactly_as_the_article_says(admin_dsn: str) -> No
     assert list(leaked.invoices_seen) == [TENANT_INVOICES[t] for t in leaked.context]
 
 
-@pytest.mark.parametrize("autocommit", [False, True], ids=["transaction", "autocommit"])
-def test_local_form_never_leaks_also_when_a_job_raises(admin_dsn: str, autocommit: bool) -> None:
-    variants = tuple(leak.variants_for(fail, autocommit)[1] for fail in (None, 1, 2, 3))
-    _, summary = leak.run(variants=variants)
-    assert summary["seen_after_job"] == {v.name: [0, 0, 0] for v in variants}
+def test_the_model_gives_the_articles_numbers() -> None:
+    k = leak.Knobs()
+    assert {v.name: leak.expected_seen(v, k.jobs) for v in k.variants()} \
+        == leak.ARTICLE["seen_after_job"]
+
+
+@pytest.mark.parametrize("fail_job", [1, 3])
+def test_local_form_never_leaks_also_when_a_job_raises(admin_dsn: str, fail_job: int) -> None:
+    runs = ("local", "local_fails", "local_autocommit", "local_autocommit_fails")
+    res = leak.run(leak.Knobs(fail_job=fail_job, runs=runs))
+    assert res.measured["seen_after_job"] == {v.name: [0, 0, 0] for v in res.knobs.variants()}
+    assert res.verdict.valid and res.verdict.against == "the expectation"
 
 
 def test_knobs_move_the_leak(admin_dsn: str) -> None:
-    variants = (*leak.variants_for(1, False), *leak.variants_for(None, True))
-    _, summary = leak.run(variants=variants, jobs=4)
-    seen = summary["seen_after_job"]
+    runs = ("session_fails", "local_fails", "autocommit", "local_autocommit")
+    res = leak.run(leak.Knobs(jobs=4, fail_job=1, runs=runs))
+    seen = res.measured["seen_after_job"]
     # Job 1 fails and rolls back: nothing committed yet, so nothing to leak after it.
     assert seen["session_job1_fails"] == [0, 10000, 6666, 5000]
     assert seen["local_job1_fails"] == [0, 0, 0, 0]
-    assert seen["session_autocommit_ok"] == [20000, 10000, 6666, 5000]
-    assert seen["local_autocommit_ok"] == [0, 0, 0, 0]
+    assert seen["autocommit"] == [20000, 10000, 6666, 5000]
+    assert seen["local_autocommit"] == [0, 0, 0, 0]
+    assert res.verdict.valid and res.verdict.against == "the expectation"
+    # The explorer's default run with other sizes: judged by the model, not the article.
+    assert not leak.Knobs(jobs=4).is_article_setup()
 
 
-def test_bad_failing_job_is_refused(scratch: db.Scratch) -> None:
+def test_a_wrong_measurement_is_judged_wrong() -> None:
+    measured = {"seen_after_job": {**leak.ARTICLE["seen_after_job"], "local": [0, 20000, 0]}}
+    verdict = leak.judge(measured, leak.Knobs())
+    assert not verdict.valid
+    assert [c.ok for c in verdict.checks] == [True, True, True, False]
+
+
+def test_bad_knobs_are_refused(scratch: db.Scratch) -> None:
     with pytest.raises(ValueError, match="fail_job must be none or between 1 and 3"):
         leak.run_variant(scratch, leak.Variant("x", fail_job=4), jobs=3)
+    with pytest.raises(ValueError, match="failing job must be between 1 and 3, not 4"):
+        leak.run(leak.Knobs(fail_job=4))
+    with pytest.raises(ValueError, match="unknown run 'session_local'"):
+        leak.run(leak.Knobs(runs=("session_local",)))
 
 
 def test_local_form_in_autocommit_needs_a_transaction(scratch: db.Scratch) -> None:
@@ -69,8 +99,17 @@ def test_tenant_must_be_an_int_and_is_bound(scratch: db.Scratch) -> None:
                 tenant.set_tenant(conn, bad)  # type: ignore[arg-type]
 
 
+def test_reproduce_leak_keys(admin_dsn: str) -> None:
+    out = reproduce.run(["leak"], echo=False)["findings"]["leak"]
+    assert out["reproduced"] is True and out["verdict"]["valid"] is True
+    assert out["measured"]["seen_after_job"] == leak.ARTICLE["seen_after_job"]
+    assert out["measured"]["as_article"] == dict.fromkeys(leak.ARTICLE["seen_after_job"], True)
+    assert out["summary"].startswith("borrower saw session: 20,000, 10,000, 6,666;")
+
+
 @pytest.mark.notebook
 def test_notebook_01_runs_top_to_bottom(admin_dsn: str) -> None:
     _, text = run_clean("01-tenant-context-leak.ipynb", admin_dsn)
     assert "✓ as the article says" in text
     assert "refused: local tenant context needs a transaction" in text
+    assert "{'" not in text, "no dict repr in the notebook's outputs"

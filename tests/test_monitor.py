@@ -25,6 +25,9 @@ def test_monitor_names_a_holder_with_a_transaction_id(scratch: db.Scratch) -> No
         assert row["state"] == "idle in transaction"
         assert row["datname"] == scratch.name
         assert row["application_name"] == "tenantlab holder xid"
+        shown = monitor.sample().table()
+        mine = shown[shown["pid"] == holder.pid].iloc[0]
+        assert mine["holds"].startswith("xid ") and mine["session"] == "tenantlab holder xid"
 
 
 def test_repeatable_read_holds_a_snapshot_read_committed_holds_nothing(
@@ -34,6 +37,8 @@ def test_repeatable_read_holds_a_snapshot_read_committed_holds_nothing(
             row = _row(monitor, rr.pid)
             assert row is not None and pd.notna(row["backend_xmin"])
             assert pd.isna(row["backend_xid"])
+            shown = monitor.sample().table()
+            assert shown[shown["pid"] == rr.pid].iloc[0]["holds"].startswith("snapshot (xmin ")
         with Holder(scratch.worker, "rc") as rc:
             assert _row(monitor, rc.pid) is None, "an idle READ COMMITTED reader holds nothing"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from notebooks import run_clean
-from tenantlab import db, tenant
+from tenantlab import db, reproduce, tenant
 from tenantlab.experiments import reset
 
 VARIANTS = {v.name: v for v in reset.VARIANTS}
@@ -68,21 +68,75 @@ def test_reset_idle_clears_the_session_tenant(scratch: db.Scratch, reset_fn, lef
             assert tenant.current_tenant(conn) == left
 
 
-def test_summary_carries_the_contract(admin_dsn: str) -> None:
-    size = reset.Sizes(jobs=30, warmup=10, runs=1, churn_jobs=12, churn_warmup=2)
-    df, m = reset.run(size=size)
+def test_measured_carries_the_contract(admin_dsn: str) -> None:
+    knobs = reset.Knobs(jobs=30, warmup=10, runs=1, churn_jobs=12, churn_warmup=2)
+    res = reset.run(knobs)
+    m = res.measured
     assert set(m["ms_per_job"]) == set(m["ratio_to_leaky"]) == set(reset.NAMES)
     assert m["ratio_to_leaky"]["leaky"] == 1.0
-    assert m["discard_all_failed_at_job"] == 7
+    assert m["discard_all_failed_at_job"] == 7 == m["discard_all_expected_at_job"]
     assert m["discard_all_failures_per_run"] == [[7, 20]]
     assert m["connections_opened"]["reset_open_tx"] == 13
     assert m["jobs_run"] == {**{n: 30 for n in reset.NAMES}, "reset_open_tx": 12}
-    checks = reset.judge(m)
-    checks.pop("local_about_as_cheap_as_leaky")  # a timing claim: reproduce judges it
+    assert m["sizes"] == {"jobs": 30, "warmup": 10, "runs": 1, "churn_jobs": 12,
+                          "churn_warmup": 2}
+    assert list(m["checks"]) == ["discard_all_fails", "discard_all_unprepared_works",
+                                 "open_tx_opens_a_connection_per_job",
+                                 "open_tx_only_trace_is_a_warning",
+                                 "local_about_as_cheap_as_leaky"]
+    assert res.verdict.against == "the expectation"  # not the article's sizes
+    # Every check but the timing one (a ratio of medians, judged by reproduce) holds.
+    behaviours = {c.name: c.ok for c in res.verdict.checks if "cheap" not in c.name}
+    assert len(behaviours) == 4 and all(behaviours.values()), res.verdict.line()
+    assert res.table.variant.tolist() == list(reset.NAMES)
+    assert len(res.data["jobs"]) == 5 * 30 + 12
+
+
+def test_judge_says_the_threshold_and_applies_it() -> None:
+    m = {"ratio_to_leaky": {"local": 1.51}, "ms_per_job": {"local": 0.51, "leaky": 0.34}}
+    k = reset.Knobs(variants=("leaky", "local"))
+    (cheap,) = reset.judge(m, k).checks
+    assert cheap.name == "local form about as cheap as leaky (at most 1.5×)" and not cheap.ok
+    m["ratio_to_leaky"]["local"] = 1.5
+    assert reset.judge(m, k).valid
+
+
+def test_a_threshold_of_zero_is_judged_by_its_own_expectation(admin_dsn: str) -> None:
+    knobs = reset.Knobs(jobs=12, warmup=2, runs=1, prepare_threshold=0,
+                        variants=("discard_all",))
+    res = reset.run(knobs)
+    assert res.measured["discard_all_failed_at_job"] is None
+    assert res.verdict.valid and [c.name for c in res.verdict.checks] == [
+        "DISCARD ALL, prepare_threshold 0: no job fails"]
+    with pytest.raises(ValueError, match="unknown variant 'nope'"):
+        reset.run(reset.Knobs(variants=("nope",)))
+
+
+def test_full_knobs_are_the_articles_sizes() -> None:
+    full = reset.Knobs.full()
+    assert (full.jobs, full.warmup, full.runs, full.churn_jobs, full.churn_warmup) \
+        == (2000, 200, 2, 300, 200)
+    assert reset.total_jobs(reset.Knobs()) == 3 * (5 * 600 + 100)
+
+
+def test_reproduce_reset_keys(admin_dsn: str) -> None:
+    out = reproduce.run(["reset"], echo=False)["findings"]["reset"]
+    assert out["measured"]["discard_all_failed_at_job"] == 7
+    assert set(out["measured"]) >= {
+        "ms_per_job", "ratio_to_leaky", "ms_per_job_per_run", "discard_all_failed_at_job",
+        "discard_all_failures_per_run", "discard_all_error", "discard_all_expected_at_job",
+        "discard_all_unprepared_failures", "connections_opened", "jobs_run",
+        "connections_opened_per_run", "pool_warnings", "pool_warning_examples", "sizes",
+        "checks"}
+    assert out["summary"].startswith("DISCARD ALL failed at job 7; RESET without commit opened")
+    assert out["verdict"]["against"] == "the article"
+    checks = dict(out["measured"]["checks"])
+    checks.pop("local_about_as_cheap_as_leaky")  # a timing claim: not asserted in a test
     assert all(checks.values()), checks
 
 
 @pytest.mark.notebook
 def test_notebook_02_runs_top_to_bottom(admin_dsn: str) -> None:
     _, text = run_clean("02-cleanup-cost.ipynb", admin_dsn)
-    assert "measured DISCARD ALL failed at job 7" in text
+    assert "✓ DISCARD ALL, prepared statements on: a job fails: fails at job 7" in text
+    assert "{'" not in text, "no dict repr in the notebook's outputs"

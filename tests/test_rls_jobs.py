@@ -11,7 +11,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_policy_on_jobs_hides_every_job_without_an_error(admin_dsn: str) -> None:
-    s = rls_jobs.run(jobs=100).summary
+    res = rls_jobs.run(rls_jobs.Knobs(jobs=100))
+    s = res.measured
+    assert res.verdict.valid and len(res.verdict.checks) == 3
     assert (s["visible_without_tenant"], s["total_jobs"], s["claimed"], s["error"]) \
         == (0, 100, 0, None)
     assert s["claimed_by_worker_process"] == 0

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
-from tenantlab import db
-from tenantlab.experiments import vacuum
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from notebooks import run_clean
+from tenantlab import db, reproduce
+from tenantlab.experiments import vacuum
+from tenantlab.finding import Result
 
 SHORT = 200
 
@@ -24,10 +21,14 @@ removable cutoff: 7461, which was 3 XIDs old when operation ended"""
 
 
 @pytest.fixture(scope="module")
-def outcome(admin_dsn: str) -> pd.DataFrame:
+def outcome(admin_dsn: str) -> Result:
     """All five variants once, with a short long job (it stays until VACUUM has run)."""
-    df, _ = vacuum.run(dsn=admin_dsn, long_seconds=0.3, short=SHORT)
-    return df.set_index("variant")
+    return vacuum.run(vacuum.Knobs(long_seconds=0.5, short_jobs=SHORT))
+
+
+def _rows(res: Result) -> pd.DataFrame:
+    assert res.table is not None
+    return res.table.set_index("variant")
 
 
 def test_parse_verbose_reads_the_tuples_line() -> None:
@@ -38,8 +39,8 @@ def test_parse_verbose_reads_the_tuples_line() -> None:
 
 
 @pytest.mark.parametrize("variant", [v.name for v in vacuum.VARIANTS if v.holds_back])
-def test_these_long_jobs_hold_vacuum_back(outcome: pd.DataFrame, variant: str) -> None:
-    row = outcome.loc[variant]
+def test_these_long_jobs_hold_vacuum_back(outcome: Result, variant: str) -> None:
+    row = _rows(outcome).loc[variant]
     assert row["short_jobs"] == SHORT
     # Every short job left dead row versions behind: none may go while the long job runs.
     assert row["dead_not_removable"] >= SHORT
@@ -48,11 +49,32 @@ def test_these_long_jobs_hold_vacuum_back(outcome: pd.DataFrame, variant: str) -
 
 
 @pytest.mark.parametrize("variant", [v.name for v in vacuum.VARIANTS if not v.holds_back])
-def test_these_long_jobs_hold_nothing(outcome: pd.DataFrame, variant: str) -> None:
-    row = outcome.loc[variant]
+def test_these_long_jobs_hold_nothing(outcome: Result, variant: str) -> None:
+    row = _rows(outcome).loc[variant]
     assert row["short_jobs"] == SHORT
     assert row["dead_not_removable"] == 0
     assert row["long_job_holds"] == "nothing"
+
+
+def test_the_verdict_names_each_long_job_by_its_label(outcome: Result) -> None:
+    v = outcome.verdict
+    assert v.valid and v.against == "the expectation"  # not the article's sizes
+    assert [c.name for c in v.checks] == [x.label for x in vacuum.VARIANTS]
+    assert outcome.measured["not_as_article"] == []
+    assert outcome.measured["short_jobs"] == SHORT
+
+
+def test_the_verdict_is_decided_from_measured_values() -> None:
+    m = {"leased_wrote": {"removable": 40, "dead_not_removable": 0, "seconds": 1.0,
+                          "long_job_holds": "nothing"}}
+    v = vacuum.judge(m, vacuum.Knobs(variants=("leased_wrote",)))
+    assert not v.valid and v.checks[0].name == "lease, work in a transaction that wrote"
+
+
+def test_full_knobs_are_the_articles_sizes() -> None:
+    full = vacuum.Knobs.full()
+    assert (full.long_seconds, full.short_jobs) == (20.0, 5000)
+    assert full.is_article_setup() and vacuum.Knobs().is_article_setup()
 
 
 def test_an_interrupted_run_ends_the_long_job(admin_dsn: str) -> None:
@@ -64,8 +86,8 @@ def test_an_interrupted_run_ends_the_long_job(admin_dsn: str) -> None:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        vacuum.run(dsn=admin_dsn, long_seconds=60, short=SHORT, variants=("repeatable_read",),
-                   progress=interrupt)
+        vacuum.run(vacuum.Knobs(long_seconds=60, short_jobs=SHORT,
+                                variants=("repeatable_read",)), watch=interrupt)
     with db.connect(admin_dsn, "check", autocommit=True) as conn:
         left = conn.execute("select pid, state from pg_stat_activity where pid = %s",
                             (seen["pid"],)).fetchall()
@@ -74,7 +96,17 @@ def test_an_interrupted_run_ends_the_long_job(admin_dsn: str) -> None:
 
 def test_unknown_variant_says_what_is_valid() -> None:
     with pytest.raises(vacuum.VacuumError, match="single_for_update"):
-        vacuum.run(variants=("lease_forever",))
+        vacuum.run(vacuum.Knobs(variants=("lease_forever",)))
+
+
+def test_reproduce_vacuum_keys(admin_dsn: str) -> None:
+    out = reproduce.run(["vacuum"], echo=False)["findings"]["vacuum"]
+    assert out["reproduced"] is True and out["verdict"]["valid"] is True
+    m = out["measured"]
+    for v in vacuum.VARIANTS:
+        assert set(m[v.name]) == {"removable", "dead_not_removable", "seconds", "long_job_holds"}
+    assert {"short_jobs", "long_seconds", "seconds_ratio_held_vs_not", "not_as_article"} <= set(m)
+    assert (m["short_jobs"], m["long_seconds"], m["not_as_article"]) == (2000, 4.0, [])
 
 
 @pytest.mark.notebook

@@ -1,11 +1,12 @@
 """Charts and widgets of finding ``horizon``: the fetch-time line, block by block, and the monitor.
 
-The line and the monitor's table sit side by side and update after every block; the same
-functions work outside a notebook (nothing is displayed, the data is returned).
+The line and, below it, the monitor's table update after every block; the same functions work
+outside a notebook (nothing is displayed, the data is returned).
 """
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import altair as alt
@@ -13,16 +14,19 @@ import pandas as pd
 
 from .. import nb
 from ..experiments import horizon
+from ..finding import Result
 
-COLORS = {"free": "#2ca02c", "held": "#d62728", "done_status": "#ff7f0e",
-          "repeatable_read": "#9467bd", "release": "#1f77b4", "timeout": "#8c564b",
-          "rc": "#17becf"}
-LABELS = {"free": "nobody holds the horizon", "held": "a transaction with an id held open",
+# Held (the trap) red, free green, as in every notebook; the other held runs in warm tones.
+COLORS = {"free": "#2ca02c", "held": "#d62728", "xid": "#d62728", "done_status": "#ff7f0e",
+          "repeatable_read": "#9467bd", "timeout": "#8c564b", "rc": "#17becf"}
+LABELS = {"free": "nobody holds the horizon",
+          "held": "a transaction with an id, released for the last block",
+          "xid": "a transaction with an id, held",
           "done_status": "status = 'done' + partial index, held",
-          "repeatable_read": "read-only REPEATABLE READ held open",
-          "release": "held, then released", "timeout": "held until the idle timeout",
+          "repeatable_read": "read-only REPEATABLE READ, held",
+          "timeout": "held until the idle timeout",
           "rc": "read-only READ COMMITTED, idle"}
-VARIANT_OF_HOLDER = {None: "free", "xid": "held", "rr": "repeatable_read", "rc": "rc"}
+VARIANT_OF_HOLDER = {None: "free", "xid": "xid", "rr": "repeatable_read", "rc": "rc"}
 
 
 def chart(df: pd.DataFrame) -> alt.TopLevelMixin:
@@ -31,25 +35,33 @@ def chart(df: pd.DataFrame) -> alt.TopLevelMixin:
         df = pd.DataFrame({"block": [], "jobs_done": [], "median_ms": [], "buffers": [],
                            "variant": [], "held": []})
     d = df.assign(label=df["variant"].map(lambda v: LABELS.get(v, v)),
-                  holder=df["held"].map({True: "held", False: "free"}))
-    color = alt.Color("label:N", title=None, legend=alt.Legend(orient="bottom", columns=2),
-                      scale=alt.Scale(domain=[LABELS[k] for k in COLORS],
-                                      range=list(COLORS.values())))
+                  holder=df["held"].map({True: "held", False: "not held"}))
+    shown = [k for k in COLORS if k in set(df["variant"])] or list(COLORS)
+    color = alt.Color("label:N", title=None, legend=alt.Legend(orient="bottom", columns=2,
+                                                               labelLimit=320),
+                      scale=alt.Scale(domain=[LABELS[k] for k in shown],
+                                      range=[COLORS[k] for k in shown]))
     base = alt.Chart(d).encode(
         x=alt.X("jobs_done:Q", title="jobs fetched so far"), color=color,
         tooltip=["label:N", "block:Q", "jobs_done:Q", "median_ms:Q", "buffers:Q", "holder:N"])
-    ms = base.mark_line(point=True).encode(
-        y=alt.Y("median_ms:Q", title="median fetch time per block (ms)"),
-        shape=alt.Shape("holder:N", title="at the block's end"),
-    ).properties(width=330, height=170, title="Fetch time per block")
+    # A filled point while held, an open one after: the release shows where the line drops.
+    y = alt.Y("median_ms:Q", title="median fetch (ms)")
+    ms = alt.layer(
+        base.mark_line().encode(y=y),
+        base.transform_filter(alt.datum.holder == "held").mark_point(filled=True, size=40)
+        .encode(y=y),
+        base.transform_filter(alt.datum.holder != "held").mark_point(filled=False, size=40)
+        .encode(y=y),
+    )
     buf = base.mark_line(point=True, strokeDash=[4, 2]).encode(
-        y=alt.Y("buffers:Q", title="buffers one fetch reads (EXPLAIN)"),
-    ).properties(width=330, height=120, title="Buffers per fetch")
-    return alt.vconcat(ms, buf)
+        y=alt.Y("buffers:Q", title="buffers per fetch"),
+    ).properties(width=420, height=110, title="Buffers one fetch reads (EXPLAIN)")
+    return alt.vconcat(ms.properties(width=420, height=170, title="Fetch time per block"),
+                       buf)
 
 
 class Live:
-    """A chart and the monitor's table side by side, redrawn after every block."""
+    """A chart and, below it, the monitor's table, redrawn after every block."""
 
     def __init__(self) -> None:
         self.chart = nb.LiveChart(chart)
@@ -58,10 +70,10 @@ class Live:
         if nb.in_notebook():
             import ipywidgets as w
 
-            self.monitor = w.HTML("<i>the monitor's table appears after the first block</i>")
-            children = [self.chart.widget, self.monitor]
-            self.box = w.HBox(children)
-            nb.show(self.box)
+            self.monitor = w.HTML("<i>Who holds the horizon: the monitor's table appears "
+                                  "after the first block.</i>")
+            # One above the other: side by side they overflow a 1280 px screen.
+            nb.show(w.VBox([self.chart.widget, self.monitor]))
 
     def __call__(self, row: dict[str, Any], variant: str = "held") -> None:
         sample = row.pop("sample")
@@ -77,105 +89,95 @@ class Live:
 
 def monitor_html(sample: Any, row: dict[str, Any]) -> str:
     """Return the monitor's view: who holds the horizon, dead tuples, the latest fetch time."""
-    t = sample.table().head(5).to_html(index=False, na_rep="", border=0)
+    run = LABELS.get(row.get("variant", ""), row.get("variant", ""))
+    head = (f"<b>Who holds the horizon</b> after block {row['block']} of “{html.escape(run)}” "
+            "(pg_stat_activity, oldest first)")
+    holders = sample.table().head(5)
+    if holders.empty:
+        body = "<p>nobody: no session holds a transaction id or a snapshot</p>"
+    else:
+        body = holders.to_html(index=False, na_rep="", border=0)
     dead = sample.tuples.get("n_dead_tup")
-    return (f"<b>Who holds the horizon</b> (pg_stat_activity, oldest first; after block "
-            f"{row['block']}, {row.get('variant', '')})<br>{t}"
-            f"<br>jobs: <b>{dead}</b> dead row versions (pg_stat_user_tables) · latest block "
-            f"median fetch <b>{row['median_ms']:.3f} ms</b>, {row['buffers']} buffers")
+    return (f"<div style='max-width:100%;overflow-wrap:anywhere;font-size:90%'>{head}{body}"
+            f"jobs: <b>{dead}</b> dead row versions (pg_stat_user_tables) · latest block: "
+            f"median fetch <b>{row['median_ms']:.3f} ms</b>, {row['buffers']} buffers</div>")
 
 
-def run_variants(full: bool = False) -> tuple[dict[str, pd.DataFrame], Live]:
-    """Run the article's five variants with a progress bar; one live chart for all of them."""
-    size = horizon.FULL if full else horizon.WORKSHOP
-    n, block = size["jobs"], size["block"]
-    short = int(n * 0.6) // block * block
+def run_live(full: bool = False) -> Result:
+    """Run the article's runs with a progress bar, one live chart and the monitor."""
+    knobs = horizon.Knobs.full() if full else horizon.Knobs()
     live = Live()
-    with nb.progress(2 * n // block + 3 * short // block, "blocks") as bar:
-        def step(row: dict[str, Any]) -> None:
-            live(row)
-            bar()
-        runs = horizon.variants(full=full, progress=step)
-    return runs, live
+    with nb.progress(horizon.blocks(knobs), "blocks") as bar:
+        return horizon.run(knobs, live=live, progress=bar)
 
 
-def run_one(variant: str = "held", progress: nb.Progress | None = None, live: Live | None = None,
-            **params: Any) -> tuple[pd.DataFrame, dict[str, Any], Live]:
-    """Run ``horizon.run(**params)`` live (a new chart unless one is given)."""
+def drain_live(variant: str = "held", progress: nb.Progress | None = None,
+               live: Live | None = None, **params: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Run ``horizon.drain(**params)`` live (a new chart unless one is given)."""
     live = live or Live()
 
-    def step(row: dict[str, Any]) -> None:
+    def watch(row: dict[str, Any]) -> None:
         live(dict(row, variant=variant))
         if progress is not None:
             progress()
-    df, summary = horizon.run(progress=step, **params)
-    return df, summary, live
+    return horizon.drain(watch=watch, **params)
 
 
-def timeout_demo(timeout: float = 3.0, jobs: int = 12_000, block: int = 1_000
-                 ) -> tuple[pd.DataFrame, dict[str, Any], Live]:
-    """Hold the horizon with an idle session whose idle_in_transaction_session_timeout ends it."""
+def timeout_demo(timeout: float = 1.0, jobs: int = 6_000, block: int = 500) -> Any:
+    """Hold the horizon with an idle session whose idle timeout ends it; return its blocks."""
     with nb.progress(jobs // block, "blocks") as bar:
-        return run_one("timeout", bar, jobs=jobs, block=block, holder="xid",
-                       idle_timeout=timeout)
+        df, summary = drain_live("timeout", bar, jobs=jobs, block=block, holder="xid",
+                                 idle_timeout=timeout)
+    ended = "yes" if summary["ended_by_timeout"] else "no"
+    return (df[["block", "jobs_done", "held", "median_ms", "buffers"]]
+            .assign(held=df["held"].map({True: "held", False: "gone"}))
+            .rename(columns={"jobs_done": "jobs fetched", "held": "holder",
+                             "median_ms": "median fetch (ms)"})
+            .style.hide(axis="index").format({"median fetch (ms)": "{:.3f}"})
+            .set_caption(f"idle_in_transaction_session_timeout = {timeout:g} s ended the "
+                         f"holder: {ended}"))
 
 
-def explain_table(measured: dict[str, Any]) -> pd.DataFrame:
+def explain_table(res: Result) -> Any:
     """Return the half-way EXPLAIN, here and in the article, held vs free."""
-    ex: dict[str, Any] = measured["explain"]
+    ex: dict[str, Any] = res.measured["explain"]
     art: dict[str, Any] = horizon.ARTICLE["explain"]
+    return pd.DataFrame([
+        {"run": k, "buffers here": ex[k]["buffers"], "ms here": ex[k]["ms"],
+         "buffers (article)": art[k]["buffers"], "ms (article)": art[k]["ms"]}
+        for k in ("held", "free")
+    ]).style.hide(axis="index").format({"ms here": "{:.3f}", "ms (article)": "{:g}"}).set_caption(
+        f"EXPLAIN (ANALYZE, BUFFERS) of one fetch after {ex['held']['at_jobs']:,} jobs here, "
+        f"{horizon.ARTICLE['explain_at']:,} in the article")
+
+
+def table(res: Result) -> Any:
+    """Return one row per run: first and last block median, growth, slope, buffers."""
+    assert res.table is not None
+    names = {**LABELS, "held": "a transaction with an id (held blocks)",
+             "release": "the same run, with its last block after the release"}
+    t = res.table
     return pd.DataFrame({
-        "buffers here": {k: ex[k]["buffers"] for k in ("held", "free")},
-        "ms here": {k: ex[k]["ms"] for k in ("held", "free")},
-        "buffers (article)": {k: art[k]["buffers"] for k in ("held", "free")},
-        "ms (article)": {k: art[k]["ms"] for k in ("held", "free")},
-    }).rename_axis(f"EXPLAIN after {ex['held']['at_jobs']:,} jobs")
-
-
-def verdict(result: dict[str, Any]) -> str:
-    """Return the verdict line: shape and ratios, not absolute milliseconds."""
-    m = result["measured"]
-    held, free = m["block_median_ms"]["held"], m["block_median_ms"]["free"]
-    measured = (f"held {held[0]:.2f} -> {held[-1]:.2f} ms (x{m['growth']['held']}), free "
-                f"{free[0]:.2f} -> {free[-1]:.2f} ms; held grows {m['slope_ratio']}x faster; "
-                f"after release {m['after_release_ms']:.2f} ms")
-    if m["failed_checks"]:
-        measured += f" — failed: {', '.join(m['failed_checks'])}"
-    return nb.verdict(result["reproduced"],
-                      "a straight climbing line while held (0.7 -> 8.3 ms), flat when free, "
-                      "fast again right after release", measured)
+        "run": [names[k] for k in t.index], "jobs": t["jobs"].astype(int),
+        "first block (ms)": t["first_ms"], "last block (ms)": t["last_ms"],
+        "growth": t["growth"], "ms per 10,000 jobs": t["ms_per_10k"],
+        "buffers at the end": t["buffers_at_end"].astype(int),
+        "blocks with a foreign holder": t["foreign_blocks"].astype(int),
+    }).style.hide(axis="index").format({
+        "first block (ms)": "{:.3f}", "last block (ms)": "{:.3f}", "growth": "×{:.2f}",
+        "ms per 10,000 jobs": "{:.3f}", "jobs": "{:,}"})
 
 
 def explorer() -> Any:
-    """Return sliders for queue size, block size, holder kind and design, with a Run button."""
-    import ipywidgets as w
+    """Return controls for queue size, block size, holder and fetch design, with a Run button."""
+    controls = nb.controls(horizon.Drain())
 
-    jobs = w.IntSlider(value=10_000, min=2_000, max=60_000, step=2_000, description="jobs")
-    block = w.IntSlider(value=1_000, min=500, max=10_000, step=500, description="block")
-    holder = w.Dropdown(options=[("nobody", None), ("transaction with an id", "xid"),
-                                 ("REPEATABLE READ reader", "rr"),
-                                 ("READ COMMITTED reader", "rc")],
-                        value="xid", description="holder")
-    design = w.Dropdown(options=list(horizon.DESIGNS), value="delete", description="fetch")
     def run() -> None:
-        size = max(block.value, jobs.value // block.value * block.value)
-        with nb.progress(size // block.value, "blocks") as bar:
-            run_one(VARIANT_OF_HOLDER[holder.value], bar, jobs=size, block=block.value,
-                    holder=holder.value, design=design.value)
+        k = horizon.Drain.of(**{name: c.value for name, c in controls.items()})
+        size = max(k.block, k.jobs // k.block * k.block)
+        with nb.progress(size // k.block, "blocks") as bar:
+            drain_live(VARIANT_OF_HOLDER[k.holder], bar, jobs=size, block=k.block,
+                       holder=k.holder, design=k.design)
 
-    return nb.run_panel([[jobs, block], [holder, design]], run)
-
-
-def table(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Return one row per variant: first and last block median, growth, slope, buffers."""
-    return pd.DataFrame({
-        LABELS[k]: {
-            "jobs": int(df["jobs_done"].iloc[-1]),
-            "first block ms": float(df["median_ms"].iloc[0]),
-            "last block ms": float(df["median_ms"].iloc[-1]),
-            "growth": round(float(df["median_ms"].iloc[-1] / df["median_ms"].iloc[0]), 2),
-            "ms per 10,000 jobs": round(horizon.slope(df[df["held"] == df["held"].iloc[0]]), 3),
-            "buffers at the end": int(df["buffers"].iloc[-1]),
-            "blocks with a foreign holder": int((df["foreign_holders"] > 0).sum()),
-        } for k, df in runs.items()
-    }).T
+    items = list(controls.values())
+    return nb.run_panel([items[:2], items[2:]], run)

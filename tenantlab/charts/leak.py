@@ -1,4 +1,4 @@
-"""Charts and widgets of finding ``leak``: what the borrower saw after each job, per variant."""
+"""Charts and widgets of finding ``leak``: what the borrower saw after each job, per run."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pandas as pd
 from .. import nb
 from ..experiments import leak
 
+# The kit's two colours: red for the naive design's failure (a leak), green for a clean result.
 LEAK, CLEAN = "#d62728", "#2ca02c"
 
 
@@ -28,60 +29,51 @@ def borrowers(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def chart(df: pd.DataFrame) -> alt.TopLevelMixin:
-    """Return bars of the invoices each borrower saw, one panel per variant; leaks in red."""
+    """Return bars of the invoices each borrower saw, one panel per run; leaks in red."""
     if df.empty:
         return alt.Chart(pd.DataFrame({"x": []})).mark_bar()
     b = borrowers(df)
+    panels = len(pd.unique(b.label))
     base = alt.Chart(b).encode(
         x=alt.X("job_mark:O", title="after job (✓ ok, ✗ failed)",
                 sort=alt.EncodingSortField("job"), axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("invoices_seen:Q", title="invoices the borrower saw (it set no tenant)",
+        y=alt.Y("invoices_seen:Q", title="invoices the borrower saw",
                 scale=alt.Scale(domain=[0, 22000])),
         tooltip=["label", "after", "seen", "whose"],
     )
-    color = alt.Color("leaked:N", title="borrower saw",
+    color = alt.Color("leaked:N", title="the borrower (it set no tenant) saw",
                       scale=alt.Scale(domain=[True, False], range=[LEAK, CLEAN]),
-                      legend=alt.Legend(labelExpr="datum.value ? 'a leak' : 'nothing'"))
+                      legend=alt.Legend(orient="bottom",
+                                        labelExpr="datum.value ? 'a leak' : 'nothing'"))
     bars = base.mark_bar().encode(color=color)
-    text = base.mark_text(dy=-8, fontWeight="bold").encode(text="seen:N", color=color)
-    return alt.layer(bars, text).properties(width=140, height=220).facet(
-        column=alt.Column("label:N", title=None, sort=list(pd.unique(b.label))),
+    small = b.job.max() > 4  # six bars to a panel: smaller numbers, or they run together
+    text = base.mark_text(dy=-8, fontWeight="bold", fontSize=8 if small else 10).encode(
+        text="seen:N", color=color)
+    # Four panels must fit a 1280 px JupyterLab with the file browser open (about 800 px).
+    width = max(90, min(150, 620 // max(panels, 1)))
+    return alt.layer(bars, text).properties(width=width, height=200).facet(
+        column=alt.Column("label:N", title=None, sort=list(pd.unique(b.label)),
+                          header=alt.Header(labelFontSize=11, labelExpr="split(datum.value, ', ')")),
         title="What a job's successor sees without setting a tenant",
     ).resolve_scale(x="independent")
 
 
-def verdict(summary: dict[str, Any]) -> str:
-    """Return the verdict line for the article's four variants."""
-    seen, expected = summary["seen_after_job"], leak.ARTICLE["seen_after_job"]
-    ok = all(seen.get(v) == n for v, n in expected.items())
-    return nb.verdict(ok, "; ".join(f"{v} {n}" for v, n in expected.items()),
-                      "; ".join(f"{v} {seen.get(v)}" for v in expected))
-
-
 def explorer() -> Any:
-    """Return the widget: which job fails, autocommit, number of jobs; a Run button runs both forms."""
-    import ipywidgets as w
+    """Return sliders for the jobs and the failing job, and Run: the article's four runs."""
     from IPython.display import display
 
-    jobs = w.IntSlider(value=3, min=1, max=6, description="jobs")
-    fail = w.Dropdown(options=_fail_options(3), value=2, description="failing job")
-    auto = w.Checkbox(value=False, description="autocommit")
+    widgets = nb.controls(leak.Knobs.of(nb.full()))
+    jobs, fail = widgets["jobs"], widgets["fail_job"]
+
     def on_jobs(change: dict[str, Any]) -> None:
-        keep = fail.value if fail.value is None or fail.value <= change["new"] else None
-        fail.options = _fail_options(change["new"])
-        fail.value = keep
+        fail.max = change["new"]  # the failing job is one of the jobs
 
     def run() -> None:
-        variants = leak.variants_for(fail.value, auto.value)
-        df, _ = leak.run(variants=variants, jobs=jobs.value)
-        display(chart(df))
-        for v in variants:
-            print(v.label)
-            display(leak.script(df, v.name))
+        knobs = leak.Knobs.of(nb.full(), jobs=jobs.value, fail_job=fail.value)
+        res = leak.run(knobs)
+        display(chart(res.table))
+        display(res.verdict)
 
+    fail.max = jobs.value
     jobs.observe(on_jobs, names="value")
-    return nb.run_panel([[jobs, fail, auto]], run)
-
-
-def _fail_options(jobs: int) -> list[tuple[str, int | None]]:
-    return [("none", None)] + [(f"job {j} (tenant {j})", j) for j in range(1, jobs + 1)]
+    return nb.run_panel([[jobs, fail]], run)

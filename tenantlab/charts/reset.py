@@ -10,13 +10,16 @@ import pandas as pd
 from .. import nb
 from ..experiments import reset
 
-KIND_COLORS = {"correct": "#2ca02c", "leaks": "#ff7f0e", "trap": "#d62728"}
+# The kit's two colours: red for the naive design and the traps, green for the correct ones.
+KINDS = {"naive or trap": "#d62728", "correct": "#2ca02c"}
+KIND_SCALE = alt.Scale(domain=list(KINDS), range=list(KINDS.values()))
 ORDER = [v.label for v in reset.VARIANTS]
+LABELS = {v.name: v.label for v in reset.VARIANTS}
 
 
 def _kind(variant: str) -> str:
     v = next(v for v in reset.VARIANTS if v.name == variant)
-    return "leaks" if v.name == "leaky" else "trap" if v.trap else "correct"
+    return "naive or trap" if v.trap else "correct"
 
 
 def _marked(table: pd.DataFrame) -> pd.DataFrame:
@@ -29,105 +32,143 @@ def _marked(table: pd.DataFrame) -> pd.DataFrame:
         f"{trap}: first at job {first}" if pd.notna(first) else trap
         for trap, first in zip(t.trap, t.first_failure.astype("Int64"), strict=True)
     ]
-    t["cost_note"] = [f"{c}  {n}" if n else c for c, n in zip(t.cost, t.trap_note, strict=True)]
     t["opened"] = [f"{int(c)} for {int(j)} jobs" for c, j in
                    zip(t.connections_opened, t.jobs_run, strict=True)]
     return t
 
 
 def chart(table: pd.DataFrame) -> alt.TopLevelMixin:
-    """Return two panels: median ms per job, and connections the pool opened (first run)."""
+    """Return two panels, one above the other: median ms per job, connections the pool opened."""
     if table.empty:
         return alt.Chart(pd.DataFrame({"x": []})).mark_bar()
     t = _marked(table)
-    y = alt.Y("label:N", title=None, sort=ORDER, axis=alt.Axis(labelLimit=320))
-    color = alt.Color("kind:N", title=None, scale=alt.Scale(
-        domain=list(KIND_COLORS), range=list(KIND_COLORS.values())))
+    # Stacked, not side by side: both panels fit a 1280 px JupyterLab with the file browser open.
+    y = alt.Y("label:N", title=None, sort=ORDER, axis=alt.Axis(labelLimit=260))
+    color = alt.Color("kind:N", title=None, scale=KIND_SCALE, legend=alt.Legend(orient="top"))
     tip = ["label", "cost", "opened", "trap_note", "failed_jobs", "jobs_counted"]
     cost = alt.Chart(t).encode(y=y, x=alt.X("ms_per_job:Q", title="median ms per job"),
                                tooltip=tip)
-    left = (cost.mark_bar().encode(color=color)
-            + cost.mark_text(align="left", dx=4).encode(text="cost_note:N")
-            ).properties(width=380, height=200, title="What a job costs (median, ratio to leaky)")
+    top = (cost.mark_bar().encode(color=color)
+           + cost.mark_text(align="left", dx=4).encode(text="cost:N")
+           ).properties(width=360, height=170, title=(
+               "What a job costs: median ms, × the leaky one "
+               f"(about as cheap: at most {reset.CHEAP_RATIO}×)"))
     conns = alt.Chart(t).encode(
         y=y, x=alt.X("connections_opened:Q", title="connections opened (first run)"),
         tooltip=tip)
-    right = (conns.mark_bar().encode(color=color)
-             + conns.mark_text(align="left", dx=4).encode(text="opened:N")
-             ).properties(width=230, height=200, title="Connections the pool opened")
-    return alt.hconcat(left, right.encode(
-        y=alt.Y("label:N", title=None, sort=ORDER, axis=None)))
+    bottom = (conns.mark_bar().encode(color=color)
+              + conns.mark_text(align="left", dx=4).encode(text="opened:N")
+              ).properties(width=360, height=170, title="Connections the pool opened")
+    return alt.vconcat(top, bottom)
 
 
 def per_job(df: pd.DataFrame, first: int = 60) -> alt.TopLevelMixin:
-    """Return ms per job over the first jobs of run 1, failed jobs marked with a red cross."""
+    """Return ms per job over the first jobs of run 1, one row per variant; ✚ a failed job."""
     d = df[(df.run == 1) & (df.job <= first)].copy()
-    d["label"] = d.variant.map({v.name: v.label for v in reset.VARIANTS})
+    d["label"] = d.variant.map(LABELS)
+    d["kind"] = d.variant.map(_kind)
     d["failed"] = d.error.notna()
-    base = alt.Chart(d).encode(
-        x=alt.X("job:Q", title="job"),
-        y=alt.Y("ms:Q", title="ms (log scale)", scale=alt.Scale(type="log")),
-        color=alt.Color("label:N", title=None, sort=ORDER, legend=alt.Legend(labelLimit=320)),
-        tooltip=["label", "job", alt.Tooltip("ms:Q", format=".2f"), "error"],
-    )
-    lines = base.mark_line(point=alt.OverlayMarkDef(size=12), opacity=0.7)
-    crosses = alt.Chart(d[d.failed]).mark_point(
-        shape="cross", size=160, color=KIND_COLORS["trap"], filled=True).encode(
-        x="job:Q", y="ms:Q", tooltip=["label", "job", "error"])
-    return (lines + crosses).properties(
-        width=600, height=220, title="Each job's cost (run 1); ✚ a job that failed")
+    x = alt.X("job:Q", title="job")
+    y = alt.Y("ms:Q", title="ms (log)", scale=alt.Scale(type="log"))
+    tip = ["label", "job", alt.Tooltip("ms:Q", format=".2f"), "error"]
+    lines = alt.Chart().mark_line(point=alt.OverlayMarkDef(size=12)).encode(
+        x=x, y=y, tooltip=tip,
+        color=alt.Color("kind:N", title=None, scale=KIND_SCALE, legend=alt.Legend(orient="top")))
+    crosses = alt.Chart().mark_point(shape="cross", size=120, filled=True,
+                                     color=KINDS["naive or trap"]).encode(
+        x=x, y=y, tooltip=tip).transform_filter(alt.datum.failed)
+    return alt.layer(lines, crosses, data=d).properties(width=560, height=55).facet(
+        row=alt.Row("label:N", title=None, sort=[v.label for v in reset.VARIANTS],
+                    header=alt.Header(labelAngle=0, labelOrient="top", labelAnchor="start",
+                                      labelFontWeight="bold")),
+        title="Each job's cost in run 1; ✚ a job that failed, spikes are new connections",
+    ).resolve_scale(y="shared")
 
 
-def verdict(measured: dict[str, Any]) -> str:
-    """Return the verdict line: the behaviours judged, not the absolute milliseconds."""
-    checks = reset.judge(measured)
-    bad = [k for k, ok in checks.items() if not ok]
-    m = measured
-    return nb.verdict(
-        not bad,
-        "DISCARD ALL fails at job 7 with _pg3_0, works unprepared; RESET without commit opens a "
-        "connection per job; local form about as cheap as leaky",
-        f"DISCARD ALL failed at job {m['discard_all_failed_at_job']}; unprepared failures "
-        f"{m['discard_all_unprepared_failures']}; open transaction: "
-        f"{m['connections_opened'].get('reset_open_tx')} connections for "
-        f"{m['jobs_run'].get('reset_open_tx')} jobs; local {m['ratio_to_leaky'].get('local')}× "
-        f"leaky" + (f" (failed: {', '.join(bad)})" if bad else ""),
-    )
-
-
-def run_with_progress(full: bool = False) -> tuple[pd.DataFrame, dict[str, Any], Any]:
+def run_with_progress(knobs: reset.Knobs) -> Any:
     """Run the cost experiment with a progress bar and a chart that fills in as variants end."""
     live = nb.LiveChart(chart)
     nb.show(live)
-    with nb.progress(reset.total_jobs(full), "jobs") as bar:
-        df, measured = reset.run(full=full, progress=bar, live=live)
-    return df, measured, live
+    with nb.progress(reset.total_jobs(knobs), "jobs") as bar:
+        return reset.run(knobs, progress=bar, live=live)
+
+
+def sizes(knobs: reset.Knobs) -> Any:
+    """Return the run's sizes as a two-column table."""
+    k = knobs
+    return _pairs([
+        ("jobs per variant and run", k.jobs), ("first jobs not counted", k.warmup),
+        ("runs", k.runs), ("jobs of RESET without commit (a new connection each)", k.churn_jobs),
+        ("its first jobs not counted", k.churn_warmup),
+        ("psycopg prepare_threshold", k.prepare_threshold),
+    ], "this run")
+
+
+def discard_all(res: Any) -> Any:
+    """Return where the DISCARD ALL jobs failed, and why, as a two-column table."""
+    m = res.measured
+    return _pairs([
+        ("first failure (run 1), at job", m["discard_all_failed_at_job"]),
+        ("expected at job (prepare_threshold + 2)", m["discard_all_expected_at_job"]),
+        ("the error", m["discard_all_error"]),
+        ("failed jobs, per run (the first six)", "; ".join(
+            ", ".join(str(j) for j in jobs) for jobs in m["discard_all_failures_per_run"])),
+    ], "measured here")
+
+
+def open_tx(res: Any) -> Any:
+    """Return what RESET without commit cost: connections, jobs, warnings (with examples)."""
+    m, name = res.measured, "reset_open_tx"
+    rows: list[tuple[str, Any]] = [
+        ("connections opened (run 1)", m["connections_opened"][name]),
+        ("jobs (run 1)", m["jobs_run"][name]),
+        ("pool warnings (run 1)", m["pool_warnings"][name]),
+    ]
+    rows += [("a warning", w) for w in m["pool_warning_examples"].get(name, [])]
+    return _pairs(rows, "measured here")
 
 
 def threshold_explorer() -> Any:
-    """Return the widget: pick prepare_threshold, Run, see which DISCARD ALL jobs fail."""
-    import ipywidgets as w
+    """Return a prepare_threshold slider (from the knobs) and Run: 40 DISCARD ALL jobs traced."""
     from IPython.display import display
 
-    threshold = w.IntSlider(value=5, min=0, max=10, description="threshold")
-    off = w.Checkbox(value=False, description="prepare_threshold=None")
+    widgets = nb.controls(reset.Knobs.of(nb.full()))
+
     def run() -> None:
-        trace = reset.trace_discard_all(None if off.value else threshold.value, jobs=40)
-        display(pd.Series(trace, name="DISCARD ALL reset").to_frame())
+        display(trace(reset.trace_discard_all(widgets["prepare_threshold"].value, jobs=40)))
 
-    return nb.run_panel([[threshold, off]], run, "Run 40 jobs")
+    return nb.run_panel([list(widgets.values())], run, "Run 40 jobs")
 
 
-def table(measured: dict[str, Any]) -> pd.DataFrame:
-    """Return the measurement as one row per variant: ms, ratio, connections per run."""
-    labels = {v.name: v.label for v in reset.VARIANTS}
-    m = measured
+def trace(t: dict[str, Any]) -> Any:
+    """Return a DISCARD ALL trace as a two-column table."""
+    return _pairs([
+        ("prepare_threshold", t["prepare_threshold"]), ("jobs", t["jobs"]),
+        ("jobs that failed", ", ".join(str(j) for j in t["failed_jobs"]) or "none"),
+        ("first failure expected at job", t["expected_first"] or "never"),
+        ("first error", t["first_error"]),
+        ("connections the pool opened", t["connections_opened"]),
+        *(("the reset failed", e) for e in t["reset_errors"]),
+    ], "measured here")
+
+
+def table(res: Any) -> pd.DataFrame:
+    """Return the measurement as one row per variant: ms, ratio to leaky, connections opened."""
+    m = res.measured
     return pd.DataFrame({
-        "variant": {n: labels[n] for n in m["ms_per_job"]},
+        "variant": {n: LABELS[n] for n in m["ms_per_job"]},
         "median ms per job": m["ms_per_job"],
-        "ratio to leaky": m["ratio_to_leaky"],
-        "ms per run": m["ms_per_job_per_run"],
-        "connections opened": m["connections_opened"],
-        "jobs per run": m["jobs_run"],
-        "pool warnings": m["pool_warnings"],
-    })
+        "× leaky": m["ratio_to_leaky"],
+        "median ms, per run": {n: ", ".join(f"{x:.3f}" for x in v if x is not None)
+                               for n, v in m["ms_per_job_per_run"].items()},
+        "connections opened (run 1)": m["connections_opened"],
+        "jobs (run 1)": m["jobs_run"],
+    }).reset_index(drop=True)
+
+
+def _pairs(rows: list[tuple[str, Any]], column: str) -> Any:
+    # Long values (errors, warnings) wrap inside the output instead of widening it.
+    df = pd.DataFrame([{"what": w, column: "—" if v is None else str(v)} for w, v in rows],
+                      columns=["what", column])
+    return df.style.hide(axis="index").set_properties(
+        **{"text-align": "left", "white-space": "normal", "overflow-wrap": "anywhere"})

@@ -14,12 +14,13 @@ import altair as alt
 import pandas as pd
 
 from .. import nb
+from . import palette
 
 MARKS = ["claim", "finish", "fail", "crash", "fenced", "dead", "reap", "idle"]
 ENDS = {"finish": "done", "fail": "failed", "crash": "crashed", "fenced": "fenced"}
-COLORS = {"done": "#4c78a8", "failed": "#f58518", "crashed": "#e45756", "fenced": "#b279a2",
-          "running": "#9d9d9d", "claim": "#54a24b", "finish": "#4c78a8", "fail": "#f58518",
-          "crash": "#e45756", "dead": "#000000", "reap": "#7f3c8d", "idle": "#bab0ac"}
+#: A mark is named like the bar it ends, so one word (and one colour) per legend entry.
+MARK_WORDS = {**ENDS, "claim": "claim", "dead": "dead", "reap": "reaped", "idle": "queue empty"}
+COLORS = palette.EVENTS
 _EVENT_COLS = ["t", "worker", "event", "job", "attempt", "label"]
 _SPAN_COLS = ["worker", "job", "attempt", "start", "end", "outcome", "label"]
 
@@ -78,34 +79,73 @@ def thin(df: pd.DataFrame, limit: int = LIMIT) -> pd.DataFrame:
 
 
 def chart(df: pd.DataFrame, title: str = "workers over time") -> alt.LayerChart:
-    """Return the timeline of an events table made by ``frame`` (thinned past LIMIT events)."""
+    """Return the timeline of an events table made by ``frame`` (thinned past LIMIT events).
+
+    Every worker process gets a row from its start to its stop (a worker that found nothing to
+    do is a row too); executions are bars, events marks, one legend entry per colour; at the
+    right of each row, how many claims and failures it made (ten claims within a millisecond
+    would otherwise be one dot).
+    """
     if len(df) > LIMIT:
         title = f"{title} (every {-(-len(df) // LIMIT)}th frequent event shown)"
     df = df if len(df) else pd.DataFrame(columns=_EVENT_COLS)
     runs = spans(df)  # from every event: thinning must not split an execution from its end
     runs = runs.iloc[::-(-len(runs) // LIMIT)] if len(runs) > LIMIT else runs
+    alive = lifetimes(df)
+    counts = _counts(df)
     df = thin(df)
-    order = list(dict.fromkeys(df["worker"])) if len(df) else []
+    order = list(dict.fromkeys([*alive["worker"], *df["worker"]])) if len(df) else []
     y = alt.Y("worker:N", sort=order, title=None)
-    domain = list(COLORS)
-    color = alt.Color("kind:N", title=None, scale=alt.Scale(domain=domain,
-                                                            range=[COLORS[k] for k in domain]))
+    points = df.loc[df["event"].isin(MARKS), ["t", "worker", "event", "label"]] if len(df) else \
+        pd.DataFrame(columns=["t", "worker", "event", "label"])
+    points = points.assign(kind=points["event"].map(MARK_WORDS)).drop(columns=["event"])
+    shown = [k for k in COLORS if k in set(runs["outcome"]) | set(points["kind"])]
+    color = alt.Color("kind:N", title=None, legend=alt.Legend(orient="bottom", columns=6),
+                      scale=alt.Scale(domain=shown or ["claim"],
+                                      range=[COLORS[k] for k in shown or ["claim"]]))
+    life = alt.Chart(alive).mark_rule(strokeWidth=2, color=COLORS["alive"]).encode(
+        x=alt.X("start:Q", title="seconds"), x2="end:Q", y=y,
+        tooltip=["worker:N", "label:N"])
     bars = alt.Chart(runs[["worker", "start", "end", "outcome", "label"]].rename(
         columns={"outcome": "kind"})).mark_bar(
-        height=14, opacity=0.55).encode(
+        height=14, opacity=0.6).encode(
         x=alt.X("start:Q", title="seconds"), x2="end:Q", y=y, color=color,
         tooltip=["worker:N", "label:N"])
     # Only the columns drawn: other event fields (errors, results) hold NaN, which the widget's
     # JSON cannot carry.
-    points = df.loc[df["event"].isin(MARKS), ["t", "worker", "event", "label"]].rename(
-        columns={"event": "kind"}) if len(df) else \
-        pd.DataFrame(columns=["t", "worker", "kind", "label"])
     marks = alt.Chart(points).mark_point(size=90, filled=True).encode(
         x="t:Q", y=y, color=color,
         shape=alt.Shape("kind:N", title=None, legend=None),
         tooltip=["worker:N", "label:N", alt.Tooltip("t:Q", format=".2f")])
-    return (bars + marks).properties(title=title, width=620,
-                                     height=max(80, 24 * max(len(order), 1)))
+    text = alt.Chart(counts).mark_text(align="left", dx=6, fontSize=11, color="#333").encode(
+        x=alt.value(560), y=y, text="text:N")
+    return (life + bars + marks + text).properties(
+        title=title, width=560, height=max(80, 26 * max(len(order), 1)))
+
+
+def lifetimes(df: pd.DataFrame) -> pd.DataFrame:
+    """Return each worker's life: from its first to its last event, with why it stopped."""
+    if not len(df):
+        return pd.DataFrame(columns=["worker", "start", "end", "label"])
+    g = df.groupby("worker", sort=False)["t"]
+    out = pd.DataFrame({"start": g.min(), "end": g.max()}).reset_index()
+    stops = df[df["event"] == "worker-stop"].set_index("worker")
+    out["label"] = [
+        f"{w}: claimed {int(stops.loc[w, 'claimed'])} jobs, then stopped"
+        if w in stops.index and "claimed" in stops and pd.notna(stops.loc[w, "claimed"])
+        else f"{w}: alive" for w in out["worker"]]
+    return out
+
+
+def _counts(df: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for w, d in df.groupby("worker", sort=False) if len(df) else []:
+        ev = d["event"].value_counts()
+        parts = [f"{int(ev.get(e, 0))} {word}" for e, word in
+                 (("claim", "claims"), ("fail", "failed"), ("crash", "crashed"),
+                  ("fenced", "fenced")) if ev.get(e, 0)]
+        rows.append({"worker": w, "text": ", ".join(parts) or "claimed nothing"})
+    return pd.DataFrame(rows, columns=["worker", "text"])
 
 
 def live(title: str = "workers over time") -> nb.LiveChart:

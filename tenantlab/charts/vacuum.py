@@ -9,74 +9,104 @@ import pandas as pd
 
 from .. import nb
 from ..experiments import vacuum
+from ..finding import Result
 
 ORDER = [v.label for v in vacuum.VARIANTS]
-COLORS = {"removed (or pruned)": "#2ca02c", "dead, not yet removable": "#d62728"}
+DEAD, REMOVED = "dead, not yet removable", "removed (or pruned)"
+COLORS = {DEAD: "#d62728", REMOVED: "#2ca02c"}
 
 
 def chart(df: pd.DataFrame) -> alt.TopLevelMixin:
-    """Return bars per variant: dead row versions VACUUM removed vs could not remove yet."""
+    """Return two panels per variant: dead row versions VACUUM could not remove, and removed.
+
+    Each panel has its own scale: a handful removed would be invisible beside thousands held.
+    """
     if df.empty:
-        return alt.Chart(pd.DataFrame({"x": []})).mark_bar()
-    long = df.melt(id_vars=["label", "seconds", "long_job_holds"],
-                   value_vars=["removable", "dead_not_removable"], var_name="what",
-                   value_name="tuples")
-    long["what"] = long["what"].map({"removable": "removed (or pruned)",
-                                     "dead_not_removable": "dead, not yet removable"})
-    return alt.Chart(long).mark_bar().encode(
-        y=alt.Y("label:N", title=None, sort=ORDER),
-        x=alt.X("tuples:Q", title="row versions, VACUUM (VERBOSE) jobs"),
-        color=alt.Color("what:N", title=None, legend=alt.Legend(orient="bottom"),
-                        scale=alt.Scale(domain=list(COLORS), range=list(COLORS.values()))),
-        tooltip=["label", "what", "tuples", "long_job_holds", "seconds"],
-    ).properties(width=360, height=180,
-                 title="What VACUUM could remove while the long job ran")
+        df = pd.DataFrame({"label": [], "removable": [], "dead_not_removable": [],
+                           "long_job_holds": [], "seconds": []})
+    return alt.hconcat(_panel(df, "dead_not_removable", DEAD, axis=True),
+                       _panel(df, "removable", REMOVED, axis=False),
+                       title=alt.TitleParams("What VACUUM (VERBOSE) jobs did while the long "
+                                             "job ran", anchor="start", offset=14))
 
 
-def run_with_progress(full: bool = False, **params: Any) -> tuple[pd.DataFrame, dict, Any]:
-    """Run the variants with a progress bar; the chart fills in as each variant ends."""
-    live = nb.LiveChart(chart)
-    nb.show(live)
-    rows: list[dict[str, Any]] = []
-    names = params.get("variants") or tuple(vacuum.BY_NAME)
-    with nb.progress(len(names), "variants") as bar:
-        def step(event: dict[str, Any]) -> None:
-            if event["phase"] == "done":
-                rows.append(event)
-                live.update(pd.DataFrame(rows))
-                bar()
-        df, summary = vacuum.run(full=full, progress=step, **params)
-    return df, summary, live
+def _panel(df: pd.DataFrame, column: str, what: str, axis: bool) -> Any:
+    d = df.assign(n=df[column].astype(int))
+    top = max(1, int(d["n"].max()) if len(d) else 1) * 1.25  # room for the count
+    y = alt.Y("label:N", title=None, sort=ORDER, scale=alt.Scale(domain=ORDER),
+              axis=alt.Axis(labelLimit=300) if axis else None)
+    base = alt.Chart(d).encode(
+        y=y, x=alt.X("n:Q", title="row versions", scale=alt.Scale(domain=[0, top])),
+        tooltip=[alt.Tooltip("label:N", title="long job"), alt.Tooltip("n:Q", title=what),
+                 alt.Tooltip("long_job_holds:N", title="long job holds"),
+                 alt.Tooltip("seconds:Q", title="short jobs (s)")])
+    bars = base.mark_bar(color=COLORS[what])
+    # The count beside each bar: a 0 or a 2 is the point of some rows.
+    text = base.mark_text(align="left", dx=3).encode(text=alt.Text("n:Q", format=","))
+    return alt.layer(bars, text).properties(width=190, height=150, title=what)
 
 
-def table(df: pd.DataFrame) -> pd.DataFrame:
+def plan() -> Any:
+    """Return the five long jobs: what each keeps open, and what the article expects of it."""
+    keeps = {
+        "single_for_update": "claim FOR UPDATE, long work and finish in one transaction",
+        "leased_outside": "claim committed; the long work runs with no transaction open",
+        "leased_wrote": "claim committed; a transaction writes job_runs, then the long work",
+        "read_committed_idle": "a select, idle in the transaction, another select",
+        "repeatable_read": "the same in REPEATABLE READ: the first select fixes a snapshot",
+    }
+    return pd.DataFrame([
+        {"long job": v.label, "keeps open": keeps[v.name],
+         "the article": "holds VACUUM back" if v.holds_back else "holds nothing"}
+        for v in vacuum.VARIANTS]).style.hide(axis="index")
+
+
+def live() -> nb.LiveChart:
+    """Return a chart, shown now, that fills in as each variant ends."""
+    chart_ = nb.LiveChart(chart)
+    nb.show(chart_)
+    return chart_
+
+
+def run_live(full: bool = False) -> Result:
+    """Run the five variants with a progress bar and a live chart; return the result."""
+    knobs = vacuum.Knobs.full() if full else vacuum.Knobs()
+    chart_ = live()
+    with nb.progress(len(knobs.variants), "variants") as bar:
+        return vacuum.run(knobs, live=chart_, progress=bar)
+
+
+def table(res: Result) -> Any:
     """Return the measurement: per variant what it held, VACUUM's counts, short jobs' seconds."""
-    return df.set_index("label")[["long_job_holds", "removable", "dead_not_removable",
-                                  "expected_holds_back", "holds_back", "seconds"]].rename(
-        columns={"long_job_holds": "long job holds", "expected_holds_back": "article: holds back",
-                 "holds_back": "holds back here", "seconds": "short jobs (s)"})
-
-
-def verdict(df: pd.DataFrame) -> str:
-    """Return the verdict: exactly the article's holders left dead tuples unremovable."""
-    ok = bool((df["holds_back"] == df["expected_holds_back"]).all())
-    expected = "held back by: " + ", ".join(df[df["expected_holds_back"]]["variant"])
-    measured = "held back by: " + ", ".join(df[df["holds_back"]]["variant"])
-    return nb.verdict(ok, expected, measured)
+    assert res.table is not None
+    df = res.table
+    return pd.DataFrame({
+        "long job": df["label"], "long job holds": df["long_job_holds"],
+        "dead, not removable": df["dead_not_removable"].astype(int),
+        "removed": df["removable"].astype(int),
+        "the article": df["expected_holds_back"].map({True: "holds back", False: "holds nothing"}),
+        "here": df["holds_back"].map({True: "holds back", False: "holds nothing"}),
+        "short jobs (s)": df["seconds"],
+    }).style.hide(axis="index").format({"short jobs (s)": "{:.2f}",
+                                        "dead, not removable": "{:,}", "removed": "{:,}"})
 
 
 def explorer() -> Any:
-    """Return sliders for the long job's seconds and the short jobs, a variant, and Run."""
+    """Return sliders for the long job's seconds and the short jobs, a long job form, and Run."""
     import ipywidgets as w
     from IPython.display import display
 
-    seconds = w.FloatSlider(value=2.0, min=0.5, max=20, step=0.5, description="long job s")
-    short = w.IntSlider(value=1000, min=100, max=5000, step=100, description="short jobs")
+    knobs = vacuum.Knobs.full() if nb.full() else vacuum.Knobs()
+    controls = nb.controls(knobs)
     which = w.Dropdown(options=[(v.label, v.name) for v in vacuum.VARIANTS],
-                       value="leased_wrote", description="long job")
-    def run() -> None:
-        df, _ = vacuum.run(long_seconds=seconds.value, short=short.value,
-                           variants=(which.value,))
-        display(table(df))
+                       value="leased_wrote", description="long job",
+                       style={"description_width": "initial"}, layout=w.Layout(width="360px"))
 
-    return nb.run_panel([[seconds, short], [which]], run)
+    def run() -> None:
+        chosen = vacuum.Knobs.of(nb.full(), variants=(which.value,),
+                                 **{k: c.value for k, c in controls.items()})
+        res = vacuum.run(chosen, live=live())
+        display(res.verdict)
+        display(table(res))
+
+    return nb.run_panel([list(controls.values()), [which]], run)

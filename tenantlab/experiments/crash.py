@@ -11,11 +11,13 @@ dead.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
-from .. import queue
+from .. import finding, queue
+from ..finding import Result, Verdict, check, knob
 from ..queries import q
 from ..reaper import Reaper
 from ._workers import WorkersRun, workers_run
@@ -36,10 +38,16 @@ ARTICLE: dict[str, Any] = {
 CRASH, NEXT = 1, 2  # job ids after reset_queue
 
 
-class Result(NamedTuple):
-    table: pd.DataFrame  # one row per worker process started
-    summary: dict[str, Any]
-    events: pd.DataFrame
+@dataclass(frozen=True)
+class Knobs(finding.Knobs):
+    """Crash workers of each design; the article's experiment is already this small."""
+
+    max_attempts: int = knob(3, lo=1, hi=5, label="crashes allowed (max attempts)")
+    lease: float = knob(1.0, lo=0.5, hi=3.0, step=0.1, label="lease (s)")
+    restart_after: float = knob(1.1, lo=0.0, hi=3.0, step=0.1, label="restart after (s)")
+    single_workers: int = knob(4, lo=1, hi=6, label="single workers")
+    work_seconds: float = knob(0.2)
+    designs: tuple[str, ...] = knob(("single", "leased"))
 
 
 def _queue(run: WorkersRun, max_attempts: int, work_seconds: float) -> None:
@@ -100,81 +108,103 @@ def run_leased(run: WorkersRun, *, max_attempts: int, lease: float, restart_afte
             "attempts": crash["attempts"], "lease_expired": bool(crash["lease_expired"]),
             "next_job_ran": before[NEXT]["status"] == "done",
             "visible_right_after_crash": any(visible_after_crash),
-            "reaped": [r["id"] for r in reaped], "status_after_reap": after["status"],
-            "lease": lease, "restart_after": restart_after, "max_attempts": max_attempts}
+            "reaped": [r["id"] for r in reaped], "status_after_reap": after["status"]}
 
 
-def run(*, full: bool = False, progress: Any = None, live: Any = None, max_attempts: int = 3,
-        single_workers: int = 4, lease: float = 1.0, restart_after: float = 1.1,
-        work_seconds: float = 0.2, designs: tuple[str, ...] = ("single", "leased")) -> Result:
-    """Crash workers of each design against one crash job; return one row per worker.
+def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
+    """Crash workers of each design against one crash job; return one table row per worker.
 
     ``single_workers``: how many single-transaction workers to start (each dies);
     ``restart_after``: seconds between a leased crash and the next worker (must exceed the
-    lease for the job to be claimable again). ``full`` changes nothing.
+    lease for the job to be claimable again).
     """
-    if not 1 <= max_attempts <= 10 or not 1 <= single_workers <= 20:
+    k = knobs or Knobs()
+    if not 1 <= k.max_attempts <= 10 or not 1 <= k.single_workers <= 20:
         raise ValueError("max_attempts must be 1..10 and single_workers 1..20")
-    if not lease > 0 or restart_after < 0:
+    if not k.lease > 0 or k.restart_after < 0:
         raise ValueError("lease must be positive and restart_after at least 0 seconds")
+    unknown = [d for d in k.designs if d not in ("single", "leased")]
+    if unknown:
+        raise ValueError(f"unknown design {unknown[0]!r}; valid: single, leased")
     rows: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {}
+    measured: dict[str, Any] = {}
     with workers_run("crash", live) as r:
-        if "single" in designs:
-            summary["single"] = run_single(r, workers=single_workers, max_attempts=max_attempts,
-                                           work_seconds=work_seconds, rows=rows)
+        if "single" in k.designs:
+            measured["single"] = run_single(r, workers=k.single_workers,
+                                            max_attempts=k.max_attempts,
+                                            work_seconds=k.work_seconds, rows=rows)
             if progress:
                 progress(1)
-        if "leased" in designs:
-            summary["leased"] = run_leased(r, max_attempts=max_attempts, lease=lease,
-                                           restart_after=restart_after,
-                                           work_seconds=work_seconds, rows=rows)
+        if "leased" in k.designs:
+            measured["leased"] = run_leased(r, max_attempts=k.max_attempts, lease=k.lease,
+                                            restart_after=k.restart_after,
+                                            work_seconds=k.work_seconds, rows=rows)
             if progress:
                 progress(1)
         ev = r.events()
-    return Result(pd.DataFrame(rows), summary, ev)
+    return Result("crash", k, measured, judge(measured, k), summary=_summary(measured),
+                  table=pd.DataFrame(rows), events=ev)
 
 
-def check(summary: dict[str, Any]) -> dict[str, bool]:
-    """Return, per design run, whether it behaved as the article says."""
-    out = {}
-    if s := summary.get("single"):
-        out["single"] = (s["crashes"] == s["workers"] and s["status"] == "queued"
-                         and s["attempts"] == 0 and not s["next_job_ran"])
-    if lz := summary.get("leased"):
-        out["leased"] = (lz["crashes"] == lz["max_attempts"] and lz["attempts"] == lz["crashes"]
-                         and lz["status_before_reap"] == "running" and lz["lease_expired"]
-                         and not lz["visible_right_after_crash"]
-                         and lz["next_job_ran"] and lz["status_after_reap"] == "dead")
-    return out
+def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
+    """Judge each design that ran: single dies every time; leased stops at max, reaper marks dead.
+
+    A restart within the lease (``restart_after`` not longer than ``lease``, never the
+    article's setup) may find the job still invisible: then fewer crashes than max attempts
+    are expected, and the reaper leaves a job alone while it has attempts or a live lease.
+    """
+    k = knobs or Knobs()
+    checks = []
+    if s := measured.get("single"):
+        checks += [
+            check("single: every worker died", s["crashes"] == s["workers"],
+                  f"{s['workers']} of {s['workers']}", f"{s['crashes']} of {s['workers']}"),
+            check("single: the job after each crash", s["status"] == "queued"
+                  and s["attempts"] == 0, "queued, attempts 0",
+                  f"{s['status']}, attempts {s['attempts']}"),
+            check("single: the job behind it", not s["next_job_ran"], "never ran",
+                  _ran(s["next_job_ran"])),
+        ]
+    if lz := measured.get("leased"):
+        most = k.max_attempts
+        # Restarted after the lease: every next worker claims it again, until max attempts.
+        reclaims = k.restart_after > k.lease
+        crashes_ok = lz["crashes"] == most if reclaims else 1 <= lz["crashes"] <= most
+        final = "dead" if reclaims or (lz["lease_expired"] and lz["attempts"] >= most) \
+            else "running"
+        left_ok = lz["status_before_reap"] == "running" and (lz["lease_expired"] or not reclaims)
+        checks += [
+            check("leased: crashes before it stops",
+                  crashes_ok and lz["attempts"] == lz["crashes"],
+                  f"{most if reclaims else f'1 to {most}'}, each counted",
+                  f"{lz['crashes']}, attempts {lz['attempts']}"),
+            check("leased: right after a crash", not lz["visible_right_after_crash"],
+                  "invisible (lease held)",
+                  "visible" if lz["visible_right_after_crash"] else "invisible (lease held)"),
+            check("leased: the job behind it", lz["next_job_ran"], "ran",
+                  _ran(lz["next_job_ran"])),
+            check("leased: left behind", left_ok,
+                  "running, lease expired" if reclaims else "running",
+                  f"{lz['status_before_reap']}, lease "
+                  f"{'expired' if lz['lease_expired'] else 'held'}"),
+            check("leased: after the reaper", lz["status_after_reap"] == final, final,
+                  lz["status_after_reap"]),
+        ]
+    return Verdict.of(checks, article=k.is_article_setup())
 
 
-def verdict(summary: dict[str, Any]) -> tuple[bool, str, str]:
-    """Return (agrees, expected, measured) for nb.verdict."""
+def _ran(ran: bool) -> str:
+    return "ran" if ran else "never ran"
+
+
+def _summary(m: dict[str, Any]) -> str:
     parts = []
-    if s := summary.get("single"):
+    if s := m.get("single"):
         parts.append(f"single: {s['crashes']} of {s['workers']} workers died, job "
                      f"{s['status']} with attempts {s['attempts']}, next job ran "
                      f"{s['next_job_ran']}")
-    if lz := summary.get("leased"):
+    if lz := m.get("leased"):
         parts.append(f"leased: {lz['crashes']} crashes, then {lz['status_before_reap']} with "
                      f"attempts {lz['attempts']} (lease expired {lz['lease_expired']}), next job "
                      f"ran {lz['next_job_ran']}, after the reaper {lz['status_after_reap']}")
-    expected = ("single: every worker dies, queued, attempts 0; leased: 3 crashes, then running "
-                "with an expired lease, queue moves on, dead after the reaper")
-    return all(check(summary).values()), expected, "; ".join(parts)
-
-
-def reproduce(full: bool = False) -> dict[str, Any]:
-    """Run both designs with the article's lease (1 s) and restart delay (1.1 s)."""
-    res = run(full=full)
-    s, lz = res.summary["single"], res.summary["leased"]
-    measured = {
-        "single": {"crashes": s["crashes"], "status": s["status"], "attempts": s["attempts"],
-                   "workers": s["workers"], "next_job_ran": s["next_job_ran"]},
-        "leased": {k: lz[k] for k in ("crashes", "status_before_reap", "attempts",
-                                      "next_job_ran", "status_after_reap", "lease_expired",
-                                      "visible_right_after_crash")},
-    }
-    ok, _, text = verdict(res.summary)
-    return {"measured": measured, "reproduced": ok, "summary": text}
+    return "; ".join(parts)

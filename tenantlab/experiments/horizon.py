@@ -16,13 +16,15 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import psycopg
 
-from .. import db
+from .. import db, finding
+from ..finding import Result, Verdict, check, knob, plain
 from ..monitor import HOLDER_KINDS, Holder, Monitor
 from ..queries import q
 
@@ -40,14 +42,43 @@ ARTICLE: dict[str, Any] = {
     "repeatable_read": "the same line as a transaction with an id",
 }
 
-WORKSHOP = {"jobs": 20_000, "block": 2_000}
-FULL = {"jobs": 100_000, "block": 10_000}
 DESIGNS = ("delete", "done")
-Progress = Callable[[dict[str, Any]], None]
+Watch = Callable[[dict[str, Any]], None]
 
 
 class HorizonError(ValueError):
     """Bad parameters for the horizon experiment."""
+
+
+@dataclass(frozen=True)
+class Knobs(finding.Knobs):
+    """The article's runs: free and held drain `jobs`, the done-status and REPEATABLE READ
+    runs `variant_jobs`; every `block` jobs is one point on the line.
+
+    The workshop size fits notebook 07 into a minute on two shared cores; the other runs keep
+    12,000 jobs: below that their climb drowns in noise.
+    """
+
+    jobs: int = knob(16_000, full=100_000, lo=4_000, hi=100_000, step=2_000, label="jobs")
+    block: int = knob(2_000, full=10_000, lo=500, hi=10_000, step=500, label="block")
+    variant_jobs: int = knob(12_000, full=60_000, lo=2_000, hi=60_000, step=2_000,
+                             label="jobs (other runs)")
+    #: seconds a run waits for other sessions' long transactions to end before it starts
+    wait_clear: float = knob(15.0)
+
+
+HOLDER_CHOICES = (("nobody", None), ("a transaction with an id", "xid"),
+                  ("REPEATABLE READ reader", "rr"), ("READ COMMITTED reader", "rc"))
+
+
+@dataclass(frozen=True)
+class Drain(finding.Knobs):
+    """One run of ``drain``: queue size, block size, who holds the horizon, which fetch."""
+
+    jobs: int = knob(10_000, lo=2_000, hi=60_000, step=2_000, label="jobs")
+    block: int = knob(1_000, lo=500, hi=10_000, step=500, label="block")
+    holder: str | None = knob("xid", choices=HOLDER_CHOICES, label="holder")
+    design: str = knob("delete", choices=DESIGNS, label="fetch")
 
 
 def _buffers(plan: dict[str, Any]) -> int:
@@ -65,21 +96,19 @@ def explain_fetch(conn: psycopg.Connection, design: str = "delete") -> dict[str,
     return {"buffers": _buffers(plan), "ms": round(float(plan["Execution Time"]), 3)}
 
 
-def run(*, jobs: int | None = None, block: int | None = None, holder: str | None = "xid",
-        design: str = "delete", release_after: int | None = None, full: bool = False,
-        progress: Progress | None = None, wait_clear: float = 15.0,
-        idle_timeout: float | None = None, dsn: str | None = None) -> tuple[pd.DataFrame, dict]:
+def drain(*, jobs: int = 10_000, block: int = 1_000, holder: str | None = "xid",
+          design: str = "delete", release_after: int | None = None,
+          watch: Watch | None = None, wait_clear: float = 15.0,
+          idle_timeout: float | None = None, dsn: str | None = None
+          ) -> tuple[pd.DataFrame, dict]:
     """Drain a queue of ``jobs`` in blocks; return one row per block and a summary.
 
     holder: None (nobody holds the horizon), "xid", "rr" or "rc" (see ``monitor.Holder``),
     opened after the queue is filled, before the first fetch. release_after: end the holder
     after that many blocks (the next blocks show what release does). idle_timeout: seconds of
-    ``idle_in_transaction_session_timeout`` on the holder's own session. progress(row) is called
-    after every block with the block's row.
+    ``idle_in_transaction_session_timeout`` on the holder's own session. watch(row) is called
+    after every block with the block's row, the monitor's sample and the run's pids.
     """
-    size = FULL if full else WORKSHOP
-    jobs = jobs or size["jobs"]
-    block = block or size["block"]
     if design not in DESIGNS:
         raise HorizonError(f"design must be one of {', '.join(DESIGNS)}, not {design!r}")
     if holder is not None and holder not in HOLDER_KINDS:
@@ -130,10 +159,10 @@ def run(*, jobs: int | None = None, block: int | None = None, holder: str | None
                     "foreign_holders": len(foreign),
                 }
                 rows.append(row)
-                if progress is not None:
+                if watch is not None:
                     pids = [fetcher.info.backend_pid, monitor.conn.info.backend_pid,
                             hold.pid if hold else None]
-                    progress(dict(row, sample=sample, pids=[p for p in pids if p]))
+                    watch(dict(row, sample=sample, pids=[p for p in pids if p]))
                 if hold is not None and release_after is not None and b + 1 == release_after:
                     hold.release()
         finally:
@@ -165,7 +194,7 @@ def _growth(df: pd.DataFrame) -> float:
 
 
 def _half(df: pd.DataFrame, jobs: int) -> dict[str, float]:
-    row = df.iloc[(df["jobs_done"] - jobs // 2).abs().idxmin()]
+    row = df.loc[(df["jobs_done"] - jobs // 2).abs().idxmin()]
     return {"buffers": int(row["buffers"]), "ms": float(row["explain_ms"]),
             "at_jobs": int(row["jobs_done"])}
 
@@ -176,58 +205,106 @@ TRIES = 3  # runs of a variant that other sessions disturbed, at most
 def _disturbed(name: str, df: pd.DataFrame) -> bool:
     if name == "free":
         return bool((df["foreign_holders"] > 0).any())
-    if name == "release":
+    if name in ("held", "release"):  # the block after the release must be free of others
         return bool(df["foreign_holders"].iloc[-1] > 0)
     return False
 
 
-def variants(full: bool = False, progress: Progress | None = None) -> dict[str, pd.DataFrame]:
-    """Run the article's five runs: free, held, done-status, repeatable read, release."""
-    size = FULL if full else WORKSHOP
-    n, block = size["jobs"], size["block"]
-    short = int(n * 0.6) // block * block  # the article's last three variants: 60,000 of 100,000
-    plan: dict[str, dict[str, Any]] = {
+def _plan(k: Knobs) -> dict[str, dict[str, Any]]:
+    """Return the article's runs; the held run releases its holder for one last block."""
+    n = max(k.block, k.jobs // k.block * k.block)
+    short = max(k.block, k.variant_jobs // k.block * k.block)
+    return {
         "free": {"jobs": n, "holder": None},
-        "held": {"jobs": n, "holder": "xid"},
+        "held": {"jobs": n + k.block, "holder": "xid", "release_after": n // k.block},
         "done_status": {"jobs": short, "holder": "xid", "design": "done"},
         "repeatable_read": {"jobs": short, "holder": "rr"},
-        "release": {"jobs": short, "holder": "xid", "release_after": short // block - 1},
     }
+
+
+def blocks(knobs: Knobs) -> int:
+    """Return how many blocks ``run(knobs)`` measures (a progress bar's total)."""
+    return sum(p["jobs"] // knobs.block for p in _plan(knobs).values())
+
+
+def runs(knobs: Knobs, step: Callable[[dict[str, Any], str], None] | None = None
+         ) -> dict[str, pd.DataFrame]:
+    """Drain the queue once per run of the article; return each run's blocks.
+
+    ``release`` is the held run whole (its last block after the release), ``held`` its held
+    blocks. A run that other sessions' transactions disturbed where ours must not (the free
+    run, the block after the release) is measured again, at most ``TRIES`` times.
+    """
     out: dict[str, pd.DataFrame] = {}
-    for name, params in plan.items():
-        def step(row: dict[str, Any], name: str = name) -> None:
-            if progress is not None:
-                progress(dict(row, variant=name))
+    for name, params in _plan(knobs).items():
+        def watch(row: dict[str, Any], name: str = name) -> None:
+            if step is not None:
+                step(row, name)
         for attempt in range(1, TRIES + 1):
-            df, summary = run(block=block, progress=step, **params)
-            # Someone else's long transaction held the horizon for us where ours must not:
-            # the free run, or the block after release. Measure again (after a clear start).
+            df, summary = drain(block=knobs.block, watch=watch, wait_clear=knobs.wait_clear,
+                                **params)
             if not _disturbed(name, df) or attempt == TRIES:
                 break
             log.warning("%s run disturbed by other sessions' transactions; run %d of %d",
                         name, attempt + 1, TRIES)
+        df = df.assign(variant=name)
         df.attrs.update(summary, tries=attempt)
-        out[name] = df.assign(variant=name)
-    return out
+        if name == "held":
+            out["held"] = df[df["block"] <= params["release_after"]].copy()
+            out["held"].attrs.update(df.attrs)
+            out["release"] = df
+        else:
+            out[name] = df
+    # The article's order: free, held, done status, REPEATABLE READ, release.
+    return {key: out[key] for key in ("free", "held", "done_status", "repeatable_read",
+                                      "release")}
 
 
 #: Free slopes flatter than this (ms per 10,000 jobs) count as flat when taking the ratio.
 FLAT = 0.01
 
 
-def reproduce(full: bool = False) -> dict[str, Any]:
-    """Run the five variants and judge shape and ratios against the article."""
-    return judge(variants(full=full))
+def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
+    """Run the article's runs and judge shape and ratios, not absolute milliseconds.
+
+    ``live(row)`` gets every block's row (with the monitor's sample) and ``progress(1)`` is
+    called per block.
+    """
+    k = knobs or Knobs()
+    if not 0 < k.block <= min(k.jobs, k.variant_jobs):
+        raise HorizonError(f"block must be between 1 and the jobs of every run, not {k.block}")
+
+    def step(row: dict[str, Any], name: str) -> None:
+        if live is not None:
+            live(dict(row, variant=name))
+        if progress is not None:
+            progress(1)
+
+    measured_runs = runs(k, step)
+    measured = _measured(measured_runs)
+    verdict = judge(measured, k)
+    measured["failed_checks"] = [c.name for c in verdict.checks if not c.ok]
+    measured["disturbed_by_other_sessions"] = [
+        name for name, df in measured_runs.items() if _disturbed(name, df)]
+    table = pd.DataFrame({
+        name: {"jobs": int(df["jobs_done"].iloc[-1]),
+               "first_ms": float(df["median_ms"].iloc[0]),
+               "last_ms": float(df["median_ms"].iloc[-1]),
+               "growth": _growth(df), "ms_per_10k": round(slope(df), 3),
+               "buffers_at_end": int(df["buffers"].iloc[-1]),
+               "foreign_blocks": int((df["foreign_holders"] > 0).sum())}
+        for name, df in measured_runs.items()}).T
+    return Result("horizon", k, measured, verdict, summary=_summary(measured), table=table,
+                  data={"runs": measured_runs})
 
 
-def judge(runs: dict[str, pd.DataFrame]) -> dict[str, Any]:
-    """Return measured, reproduced and summary for the five runs of ``variants``."""
-    n = runs["free"].attrs["jobs"]
-    held, free = runs["held"], runs["free"]
-    slopes = {k: round(slope(runs[k]), 4) for k in runs if k != "release"}
-    rel = runs["release"]
-    measured = {
-        "block_median_ms": {"held": held["median_ms"].tolist(), "free": free["median_ms"].tolist()},
+def _measured(r: dict[str, pd.DataFrame]) -> dict[str, Any]:
+    held, free, rel = r["held"], r["free"], r["release"]
+    n = int(free["jobs_done"].iloc[-1])
+    slopes = {key: round(slope(df), 4) for key, df in r.items() if key != "release"}
+    return plain({
+        "block_median_ms": {"held": held["median_ms"].tolist(),
+                            "free": free["median_ms"].tolist()},
         "block_buffers": {"held": held["buffers"].tolist(), "free": free["buffers"].tolist()},
         "explain": {"held": _half(held, n), "free": _half(free, n)},
         "after_release_ms": float(rel["median_ms"].iloc[-1]),
@@ -235,46 +312,74 @@ def judge(runs: dict[str, pd.DataFrame]) -> dict[str, Any]:
         "release_held_ms": rel["median_ms"].tolist(),
         "slope_ms_per_10k": slopes,
         "slope_ratio": round(slopes["held"] / max(slopes["free"], FLAT), 1),
-        "growth": {k: _growth(v) for k, v in runs.items()},
-        "done_status_ms": runs["done_status"]["median_ms"].tolist(),
-        "repeatable_read_ms": runs["repeatable_read"]["median_ms"].tolist(),
-        "jobs": n, "block": int(runs["free"].attrs["block"]),
-        "foreign_blocks": {k: v.attrs["foreign_blocks"] for k, v in runs.items()},
-        "tries": {k: v.attrs.get("tries", 1) for k, v in runs.items()},
-    }
-    ex = measured["explain"]
-    checks = {
-        "held line climbs": measured["growth"]["held"] >= 2 and slopes["held"] > 0,
-        "held line is straight": _straight(held),
-        "free line flat": measured["growth"]["free"] < 1.5,
-        "held grows 5x faster": measured["slope_ratio"] >= 5,
-        "explain reads more held": ex["held"]["buffers"] >= 2 * ex["free"]["buffers"],
-        "done status climbs too": measured["growth"]["done_status"] >= 1.5,
-        "repeatable read climbs too": measured["growth"]["repeatable_read"] >= 1.5,
-        "fast again after release": measured["after_release_ms"]
-        <= 1.5 * float(rel["median_ms"].iloc[0]),
-    }
-    failed = [k for k, ok in checks.items() if not ok]
-    measured["failed_checks"] = failed
-    summary = (
-        f"held {held['median_ms'].iloc[0]:.2f} -> {held['median_ms'].iloc[-1]:.2f} ms over "
-        f"{n:,} jobs, free {free['median_ms'].iloc[0]:.2f} -> {free['median_ms'].iloc[-1]:.2f}; "
-        f"EXPLAIN at {ex['held']['at_jobs']:,}: {ex['held']['buffers']} vs "
-        f"{ex['free']['buffers']} buffers; after release {measured['after_release_ms']:.2f} ms"
-        + (f"; NOT: {', '.join(failed)}" if failed else "")
-    )
-    disturbed = [k for k, v in runs.items() if _disturbed(k, v)]
-    if disturbed:
+        "growth": {key: _growth(df) for key, df in r.items()},
+        "done_status_ms": r["done_status"]["median_ms"].tolist(),
+        "repeatable_read_ms": r["repeatable_read"]["median_ms"].tolist(),
+        "jobs": n, "block": int(free["jobs_done"].iloc[0]),  # jobs done after the first block
+        "foreign_blocks": {key: int((df["foreign_holders"] > 0).sum()) for key, df in r.items()},
+        "tries": {key: df.attrs.get("tries", 1) for key, df in r.items()},
+    })
+
+
+def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
+    """Judge the line's shape and the ratios against the article (no absolute milliseconds)."""
+    k = knobs or Knobs()
+    m = measured
+    held, free = m["block_median_ms"]["held"], m["block_median_ms"]["free"]
+    growth, slopes, ex = m["growth"], m["slope_ms_per_10k"], m["explain"]
+    r2 = _r_squared(held, m["block"])
+    release = m["release_held_ms"]
+    art = ARTICLE
+    checks = [
+        check("held line climbs", growth["held"] >= 2 and slopes["held"] > 0,
+              f"at least 2× from first to last block (article: {art['held_first_ms']} → "
+              f"{art['held_last_ms']} ms)",
+              f"{held[0]:.2f} → {held[-1]:.2f} ms (×{growth['held']:.2f})"),
+        check("held line is straight", r2 is not None and r2 >= 0.8,
+              "r² of a straight line at least 0.8",
+              "too few blocks" if r2 is None else f"r² {r2:.2f}"),
+        check("free line flat", growth["free"] < 1.5, "less than 1.5× from first to last block",
+              f"{free[0]:.2f} → {free[-1]:.2f} ms (×{growth['free']:.2f})"),
+        check("held grows 5× faster", m["slope_ratio"] >= 5,
+              "held slope at least 5× the free one",
+              f"{m['slope_ratio']}× ({slopes['held']:.3f} vs {slopes['free']:.3f} ms per "
+              "10,000 jobs)"),
+        check("EXPLAIN reads more, held", ex["held"]["buffers"] >= 2 * ex["free"]["buffers"],
+              f"held at least 2× the free run's buffers (article: "
+              f"{art['explain']['held']['buffers']} vs {art['explain']['free']['buffers']})",
+              f"{ex['held']['buffers']} vs {ex['free']['buffers']} buffers after "
+              f"{ex['held']['at_jobs']:,} jobs"),
+        check("status 'done' climbs too", growth["done_status"] >= 1.5,
+              "at least 1.5× from first to last block", f"×{growth['done_status']:.2f}"),
+        check("REPEATABLE READ climbs too", growth["repeatable_read"] >= 1.5,
+              "at least 1.5× from first to last block", f"×{growth['repeatable_read']:.2f}"),
+        check("fast again after release", m["after_release_ms"] <= 1.5 * release[0],
+              f"at most 1.5× the first block (article: {art['after_release_ms']} ms)",
+              f"{m['after_release_ms']:.2f} ms after {release[-2]:.2f} held; first block "
+              f"{release[0]:.2f}" if len(release) > 1 else f"{m['after_release_ms']:.2f} ms"),
+    ]
+    return Verdict.of(checks, article=k.is_article_setup())
+
+
+def _r_squared(medians: list[float], block: int) -> float | None:
+    """Return r² of the medians against jobs fetched (a block's end), or None below 3 blocks."""
+    if len(medians) < 3:
+        return None
+    r = np.corrcoef([block * (i + 1) for i in range(len(medians))], medians)[0, 1]
+    return float(r * r)
+
+
+def _summary(m: dict[str, Any]) -> str:
+    held, free = m["block_median_ms"]["held"], m["block_median_ms"]["free"]
+    ex = m["explain"]
+    text = (f"held {held[0]:.2f} -> {held[-1]:.2f} ms over {m['jobs']:,} jobs, free "
+            f"{free[0]:.2f} -> {free[-1]:.2f}; EXPLAIN at {ex['held']['at_jobs']:,}: "
+            f"{ex['held']['buffers']} vs {ex['free']['buffers']} buffers; after release "
+            f"{m['after_release_ms']:.2f} ms")
+    if m["failed_checks"]:
+        text += f"; NOT: {', '.join(m['failed_checks'])}"
+    if m["disturbed_by_other_sessions"]:
         # Not our holder: the horizon is cluster-wide, and the server was shared meanwhile.
-        summary += (f" (other sessions' long transactions held the horizon during: "
-                    f"{', '.join(disturbed)})")
-    measured["disturbed_by_other_sessions"] = disturbed
-    return {"measured": measured, "reproduced": not failed, "summary": summary}
-
-
-def _straight(df: pd.DataFrame) -> bool:
-    """Return whether the medians lie on a line (r squared of a linear fit at least 0.8)."""
-    if len(df) < 3:
-        return False
-    r = np.corrcoef(df["jobs_done"], df["median_ms"])[0, 1]
-    return bool(r * r >= 0.8)
+        text += (" (other sessions' long transactions held the horizon during: "
+                 f"{', '.join(m['disturbed_by_other_sessions'])})")
+    return text

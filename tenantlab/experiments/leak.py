@@ -16,7 +16,8 @@ import pandas as pd
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from .. import db, tenant
+from .. import db, finding, tenant
+from ..finding import Result, Verdict, check, knob
 from ..queries import q
 
 CLAIM = ("A job that set the tenant in the session form and succeeded hands it to the next "
@@ -32,6 +33,9 @@ ARTICLE: dict[str, Any] = {
     },
     "setup": "pool of one connection, jobs for tenants 1, 2, 3, a borrower after each job",
 }
+
+#: Invoices of tenant t in the template database (the article's setup): floor(20000 / t).
+INVOICES_OF_TENANT_1 = 20000
 
 
 class JobFailed(Exception):
@@ -57,18 +61,46 @@ class Variant:
         fails = f"job {self.fail_job} fails" if self.fail_job else "all succeed"
         return f"{form}, {fails}{', autocommit' if self.autocommit else ''}"
 
+    @classmethod
+    def of(cls, run: str, fail_job: int) -> Variant:
+        """Return the variant a run names: words from session/local, autocommit, fails.
+
+        ``fails`` makes job ``fail_job`` fail and becomes ``job<N>_fails`` in the name, so the
+        article's runs keep the article's names ("session_job2_fails").
+        """
+        words = run.split("_")
+        if not set(words) <= RUN_WORDS or ("session" in words and "local" in words):
+            raise ValueError(f"unknown run {run!r}; combine {', '.join(sorted(RUN_WORDS))} "
+                             "(session or local), e.g. 'autocommit_fails' or 'local_fails'")
+        fails = "fails" in words
+        name = run.replace("fails", f"job{fail_job}_fails") if fails else run
+        return cls(name, "local" in words, fail_job if fails else None, "autocommit" in words)
+
+
+RUN_WORDS = {"session", "local", "autocommit", "fails"}
+
+#: The article's four runs, in the article's order (with fail_job 2 they carry its names).
+ARTICLE_RUNS = ("session", "session_fails", "autocommit_fails", "local")
+
+
+@dataclass(frozen=True)
+class Knobs(finding.Knobs):
+    """Jobs for tenants 1..jobs, one of them failing; the article's setup is already this small."""
+
+    jobs: int = knob(3, lo=1, hi=6, label="jobs (tenants 1..n)")
+    fail_job: int = knob(2, lo=1, hi=6, label="failing job")
+    runs: tuple[str, ...] = knob(ARTICLE_RUNS)
+
+    def variants(self) -> tuple[Variant, ...]:
+        return tuple(Variant.of(r, self.fail_job) for r in self.runs)
+
 
 #: The article's four runs, in the article's order.
-VARIANTS = (
-    Variant("session"),
-    Variant("session_job2_fails", fail_job=2),
-    Variant("autocommit_job2_fails", fail_job=2, autocommit=True),
-    Variant("local", local=True),
-)
+VARIANTS = Knobs().variants()
 
 
 def variants_for(fail_job: int | None, autocommit: bool) -> tuple[Variant, Variant]:
-    """Return the naive (session form) and the corrected (local form) run for the same knobs."""
+    """Return the naive (session form) and the corrected (local form) run for the same setting."""
     tag = f"{'autocommit_' if autocommit else ''}{f'job{fail_job}_fails' if fail_job else 'ok'}"
     return (Variant(f"session_{tag}", False, fail_job, autocommit),
             Variant(f"local_{tag}", True, fail_job, autocommit))
@@ -123,23 +155,30 @@ def _row(variant: Variant, job: int, actor: str, tenant_id: int | None, outcome:
             "context": context, "leaked": actor == "borrower" and bool(seen)}
 
 
-def run(*, full: bool = False, progress: Callable[[int], None] | None = None,
-        variants: tuple[Variant, ...] = VARIANTS, jobs: int = 3,
-        live: Any = None) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Run each variant in one scratch database; return the steps and what borrowers saw.
-
-    ``full`` changes nothing: the article's experiment is already this small.
-    """
+def run(knobs: Knobs | None = None, *, live: Any = None,
+        progress: Callable[[int], None] | None = None) -> Result:
+    """Run each of the knobs' runs in one scratch database; return the steps and the verdict."""
+    k = knobs or Knobs()
+    variants = k.variants()  # unknown runs and a failing job past the last fail before any run
+    if not 1 <= k.fail_job <= k.jobs:
+        raise ValueError(f"the failing job must be between 1 and {k.jobs}, not {k.fail_job}")
     rows: list[dict[str, Any]] = []
     with db.scratch("leak") as s:
         for variant in variants:
-            rows.extend(run_variant(s, variant, jobs))
+            rows.extend(run_variant(s, variant, k.jobs))
             if progress:
                 progress(1)
             if live is not None:
                 live.update(pd.DataFrame(rows))
     df = pd.DataFrame(rows).astype({"tenant": "Int64", "context": "Int64"})
-    return df, {"seen_after_job": seen_after_job(df), "jobs": jobs}
+    seen = seen_after_job(df)
+    measured = {
+        "seen_after_job": seen,
+        "as_article": {v: seen.get(v) == n for v, n in ARTICLE["seen_after_job"].items()},
+        "jobs": k.jobs, "fail_job": k.fail_job,
+    }
+    return Result("leak", k, measured, judge(measured, k), summary=_summary(seen), table=df,
+                  data={"labels": {v.name: v.label for v in variants}})
 
 
 def seen_after_job(df: pd.DataFrame) -> dict[str, list[int]]:
@@ -147,6 +186,42 @@ def seen_after_job(df: pd.DataFrame) -> dict[str, list[int]]:
     b = df[df.actor == "borrower"]
     return {v: [int(n) for n in b[b.variant == v].sort_values("job").invoices_seen]
             for v in pd.unique(b.variant)}
+
+
+def expected_seen(variant: Variant, jobs: int) -> list[int]:
+    """Return what the borrower should see after each job: the last committed session tenant.
+
+    A session-form job that succeeds commits its tenant; one that fails rolls it back, unless
+    in autocommit, where its set_config committed on its own; the local form ends with its
+    transaction. RLS then shows the borrower that tenant's floor(20000 / t) invoices.
+    """
+    context, out = None, []
+    for job in range(1, jobs + 1):
+        if not variant.local and (job != variant.fail_job or variant.autocommit):
+            context = job
+        out.append(INVOICES_OF_TENANT_1 // context if context else 0)
+    return out
+
+
+def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
+    """Judge each run: the borrower after each job saw what the article (or the model) says.
+
+    At the article's setup the expectation is the article's own numbers; for other knobs it is
+    :func:`expected_seen`, which gives the article's numbers at its setup (a test checks that).
+    """
+    k = knobs or Knobs()
+    article = k.is_article_setup()
+    checks = []
+    for v in k.variants():
+        seen = measured["seen_after_job"].get(v.name)
+        expected = ARTICLE["seen_after_job"][v.name] if article else expected_seen(v, k.jobs)
+        checks.append(check(f"{v.label}: the borrower saw", seen == expected, expected, seen))
+    return Verdict.of(checks, article=article)
+
+
+def _summary(seen: dict[str, list[int]]) -> str:
+    return "borrower saw " + "; ".join(f"{v}: {', '.join(f'{n:,}' for n in ns)}"
+                                       for v, ns in seen.items())
 
 
 def script(df: pd.DataFrame, variant: str) -> pd.DataFrame:
@@ -167,15 +242,3 @@ def script(df: pd.DataFrame, variant: str) -> pd.DataFrame:
         lines.append({"step": len(lines) + 1, "who": who, "does": did, "invoices seen": seen,
                       "note": note})
     return pd.DataFrame(lines).set_index("step")
-
-
-def reproduce(full: bool = False) -> dict[str, Any]:
-    """Run the article's four variants and compare what the borrowers saw."""
-    _, summary = run(full=full)
-    seen = summary["seen_after_job"]
-    expected = ARTICLE["seen_after_job"]
-    agree = {v: seen.get(v) == n for v, n in expected.items()}
-    ok = all(agree.values())
-    text = "; ".join(f"{v}: {', '.join(f'{n:,}' for n in seen[v])}" for v in expected)
-    return {"measured": {"seen_after_job": seen, "as_article": agree},
-            "reproduced": ok, "summary": f"borrower saw {text}"}

@@ -1,11 +1,12 @@
 """Finding ``overrun``: a job outlives its lease and a second worker takes it over while it runs.
 
-Two leased worker processes, one job each (``--max-jobs 1``), both polling an empty queue
-every ``poll`` seconds; then one ``outside`` job (tenantlab/outside.py) is queued: it works
-for ``job`` seconds and then calls the outside world, which appends a line to a file no
-transaction can roll back. Whoever polls first claims it; the other keeps polling. Per variant
-we count the **executions** (lines the outside world received) and the **completions** (the
-job's ``job_runs`` rows that finished: a fenced execution's row rolls back with its work).
+Two leased worker processes, worker A and worker B, one job each (``--max-jobs 1``), both
+polling an empty queue every ``poll`` seconds; then one ``outside`` job (tenantlab/outside.py)
+is queued: it works for ``job`` seconds and then calls the outside world, which appends a line
+to a file no transaction can roll back. Worker A claims it (the run holds worker B back for
+that moment: the article's script); worker B keeps polling. Per variant we count the
+**executions** (lines the outside world received) and the **completions** (the job's
+``job_runs`` rows that finished: a fenced execution's row rolls back with its work).
 
 Variants (the article's setup: lease 2 s, job 3 s, polling every 100 ms, heartbeat 0.5 s):
 
@@ -19,17 +20,20 @@ Variants (the article's setup: lease 2 s, job 3 s, polling every 100 ms, heartbe
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
-from .. import events as event_log
-from .. import outside, queue
+from .. import finding
+from ..finding import Result, Verdict, check, knob, plain
 from ..heartbeat import check as check_heartbeat
-from ..queries import q
-from ._workers import WorkersRun, workers_run
+from ._gantt import COLUMNS as SEGMENT_COLUMNS
+from ._gantt import segments
+from ._race import WORKERS, OverrunError, race
+from ._workers import workers_run
 
 CLAIM = ("A job that outlives its lease (2 s lease, 3 s job) runs twice; a fenced finish keeps "
          "the late write out of the database but not out of the world; a heartbeat prevents the "
@@ -47,34 +51,9 @@ ARTICLE: dict[str, Any] = {
 #: Beyond the article's four: the stuck worker without a maximum runtime, never taken over.
 EXPECTED_STUCK = {"executions": 1, "completions": 1}
 
-WORKERS = ("worker-a", "worker-b")
-SEGMENT_COLUMNS = ["kind", "worker", "attempt", "start", "end", "outcome", "label"]
 VERDICTS = {(1, 1): "one execution", (2, 2): "ran twice",
             (2, 1): "fenced: one write, two executions"}
-
-
-class OverrunError(RuntimeError):
-    """The overrun experiment could not run as set up."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The knobs, in seconds. ``hang``: how long a stuck first attempt hangs after its work."""
-
-    lease: float = 2.0
-    job: float = 3.0
-    poll: float = 0.1
-    heartbeat: float = 0.5
-    max_runtime: float = 4.0
-    hang: float = 5.0
-
-    def __post_init__(self) -> None:
-        for name in ("lease", "poll", "heartbeat", "max_runtime"):
-            if not getattr(self, name) > 0:
-                raise OverrunError(f"{name} must be a positive number of seconds, "
-                                   f"not {getattr(self, name)!r}")
-        if self.job < 0 or self.hang < 0:
-            raise OverrunError("job and hang must be 0 or more seconds")
+SECONDS = ("lease", "job", "poll", "heartbeat", "max_runtime", "hang")
 
 
 @dataclass(frozen=True)
@@ -87,9 +66,10 @@ class Variant:
     heartbeat: bool = False
     max_runtime: bool = False
     stuck: bool = False
+    title: str = ""  # short name in a verdict's check (default: the label)
 
-    def worker_options(self, s: Settings) -> dict[str, Any]:
-        """Return the worker command's options for these settings."""
+    def worker_options(self, s: Knobs) -> dict[str, Any]:
+        """Return the worker command's options for these knobs."""
         if self.max_runtime and not self.heartbeat:
             raise OverrunError("a maximum runtime needs the heartbeat switched on")
         check_heartbeat(s.lease, s.heartbeat if self.heartbeat else None,
@@ -101,21 +81,47 @@ class Variant:
 
 
 VARIANTS = (
-    Variant("lease_only", "lease only (no fence, no heartbeat)", fence=False),
-    Variant("fence", "lease + fenced finish"),
-    Variant("heartbeat", "lease + fence + heartbeat", heartbeat=True),
-    Variant("stuck", "heartbeat, stuck job, no maximum runtime", heartbeat=True, stuck=True),
+    Variant("lease_only", "lease only (no fence, no heartbeat)", fence=False, title="lease only"),
+    Variant("fence", "lease + fenced finish", title="fenced finish"),
+    Variant("heartbeat", "lease + fence + heartbeat", heartbeat=True, title="heartbeat"),
+    Variant("stuck", "heartbeat, stuck job, no maximum runtime", heartbeat=True, stuck=True,
+            title="stuck, no maximum runtime"),
     Variant("max_runtime", "heartbeat + maximum runtime, stuck job", heartbeat=True,
-            max_runtime=True, stuck=True),
+            max_runtime=True, stuck=True, title="stuck, maximum runtime"),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
 
 
-class Result(NamedTuple):
-    table: pd.DataFrame  # one row per variant
-    summary: dict[str, Any]
-    events: pd.DataFrame  # every worker event, with a ``variant`` column
-    segments: pd.DataFrame  # the Gantt rows of each variant (see ``segments``), ``variant`` column
+@dataclass(frozen=True)
+class Knobs(finding.Knobs):
+    """The article's setup, in seconds; ``hang``: how long a stuck first attempt hangs.
+
+    ``variants``: names from ``VARIANTS``, or ``Variant`` objects (the explorer's switches).
+    The article's experiment is already this size: ``full()`` is the same.
+    """
+
+    lease: float = knob(2.0, lo=0.5, hi=6, step=0.25, label="lease (s)")
+    heartbeat: float = knob(0.5, lo=0.1, hi=4, step=0.1, label="heartbeat every (s)")
+    job: float = knob(3.0, lo=0.5, hi=8, step=0.25, label="job duration (s)")
+    poll: float = knob(0.1, lo=0.05, hi=2, step=0.05, label="poll every (s)")
+    max_runtime: float = knob(4.0, lo=1, hi=12, step=0.5, label="max runtime (s)")
+    hang: float = knob(5.0, lo=0.5, hi=10, step=0.5, label="stuck for (s)")
+    variants: tuple[str | Variant, ...] = knob(tuple(BY_NAME))
+
+    def __post_init__(self) -> None:
+        for name in ("lease", "poll", "heartbeat", "max_runtime"):
+            if not getattr(self, name) > 0:
+                raise OverrunError(f"{name} must be a positive number of seconds, "
+                                   f"not {getattr(self, name)!r}")
+        if self.job < 0 or self.hang < 0:
+            raise OverrunError("job and hang must be 0 or more seconds")
+
+    def seconds(self) -> dict[str, float]:
+        """Return the six durations (``reproduce --json``'s ``settings``)."""
+        return {name: getattr(self, name) for name in SECONDS}
+
+    def chosen(self) -> list[Variant]:
+        return [variant(v) for v in self.variants]
 
 
 def variant(name: str | Variant) -> Variant:
@@ -134,8 +140,8 @@ def verdict_of(executions: int, completions: int) -> str:
                         f"{executions} executions, {completions} completions")
 
 
-def expect(v: Variant, s: Settings, margin: float = 0.5) -> tuple[str | None, str]:
-    """Return (expected verdict, why) for a variant and settings; None when too close to call.
+def expect(v: Variant, s: Knobs, margin: float = 0.5) -> tuple[str | None, str]:
+    """Return (expected verdict, why) for a variant and knobs; None when too close to call.
 
     The first attempt runs ``job`` (+ ``hang`` when stuck). Without a heartbeat its lease ends at
     ``lease``; with one it never ends while the job runs, unless a maximum runtime stops the
@@ -165,199 +171,79 @@ def expect(v: Variant, s: Settings, margin: float = 0.5) -> tuple[str | None, st
     return None, why + ": too close to call, scheduling decides"
 
 
-def _facts(run: WorkersRun, job: int, outside_file: Any) -> dict[str, Any]:
-    calls = [c for c in outside.read(outside_file) if c["job"] == job]
-    with run.scratch.connect("worker", "overrun check", autocommit=True) as conn:
-        runs = conn.execute(q("job_runs_of"), {"id": job}).fetchall()
-        state = next(s for s in queue.job_states(conn) if s["id"] == job)
-    ev = event_log.read(run.path)
-    claims = [e for e in ev if e["event"] == "claim"]
-    return {
-        "executions": len(calls),
-        "completions": sum(1 for r in runs if r[3] is not None),
-        "db_runs": len(runs),
-        "outside": [f"{c['worker']} attempt {c['attempt']}" for c in calls],
-        "status": state["status"], "attempts": state["attempts"],
-        "claims": len(claims),
-        "first_worker": min(claims, key=lambda e: e["t"])["worker"] if claims else None,
-        "beats": sum(1 for e in ev if e["event"] == "heartbeat"),
-        "abandoned": sum(1 for e in ev if e["event"] == "abandon"),
-        "fenced": sum(1 for e in ev if e["event"] == "fenced"),
-        "lease_lost": sum(1 for e in ev if e["event"] == "lease-lost"),
-        "taken_over": any(e.get("attempt", 0) >= 2 for e in claims),
-        "overlap_s": round(_overlap(ev), 2),
-    }
+def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
+    """Run each variant with two real worker processes; return one table row per variant.
 
-
-def _overlap(ev: list[dict[str, Any]]) -> float:
-    """Return the seconds during which two executions ran at once."""
-    spans, start = [], {}
-    for e in ev:
-        if e["event"] == "execute":
-            start[e["worker"]] = e["t"]
-        elif e["event"] in ("finish", "fenced", "fail", "crash") and e["worker"] in start:
-            spans.append((start.pop(e["worker"]), e["t"]))
-    total = 0.0
-    for i, (a0, a1) in enumerate(spans):
-        for b0, b1 in spans[i + 1:]:
-            total += max(0.0, min(a1, b1) - max(a0, b0))
-    return total
-
-
-def _limit(s: Settings) -> float:
-    return 2 * s.job + s.hang + s.lease + s.max_runtime + 30.0
-
-
-def segments(ev: list[dict[str, Any]], *, t0: float, now: float) -> pd.DataFrame:
-    """Return the Gantt rows of one run: lease windows, executions, overlaps and marks.
-
-    One row per thing drawn: ``kind`` (lease, execution, overlap, or a mark: claim, heartbeat,
-    stuck, abandon, expired, lease-lost, outside, finish, fenced), ``worker``, ``attempt``,
-    ``start`` and ``end`` in seconds since ``t0`` (the job was queued), ``outcome`` of an
-    execution (done, fenced, running) and a ``label``. A running execution ends at ``now``.
+    ``live``: ``live.update(segments)`` redraws a chart while a variant runs
+    (``tenantlab.charts.overrun.chart`` draws them). ``data["segments"]``: every variant's
+    Gantt rows, with a ``variant`` column, as are the events.
     """
-    lease = {e["worker"]: e.get("lease") for e in ev if e["event"] == "worker-start"}
-    rows: list[dict[str, Any]] = []
-    execs: dict[tuple[str, Any], dict[str, Any]] = {}
-    until: dict[tuple[str, Any], float] = {}
-    claimed: dict[tuple[str, Any], float] = {}
-
-    def mark(e: dict[str, Any], kind: str, label: str, t: float | None = None) -> None:
-        at = (e["t"] if t is None else t) - t0
-        rows.append({"kind": kind, "worker": e["worker"], "attempt": e.get("attempt"),
-                     "start": at, "end": at, "outcome": None, "label": label})
-
-    for e in ev:
-        key = (e["worker"], e.get("attempt"))
-        kind = e["event"]
-        if kind == "claim":
-            claimed[key] = e["t"]
-            mark(e, "claim", f"claims attempt {e['attempt']}")
-        elif kind == "execute":
-            execs[key] = {"start": e["t"], "end": None, "outcome": "running"}
-        elif kind == "heartbeat":
-            until[key] = max(until.get(key, 0.0), e["until"])
-            mark(e, "heartbeat", f"heartbeat: lease until +{e['until'] - t0:.1f} s")
-        elif kind in ("finish", "fenced") and key in execs:
-            execs[key].update(end=e["t"], outcome="done" if kind == "finish" else "fenced")
-            mark(e, kind, "finished: its write committed" if kind == "finish"
-                 else "fenced: its finish hit no row, rolled back")
-        elif kind == "outside":
-            mark(e, "outside", "called the outside world (cannot be rolled back)")
-        elif kind == "stuck":
-            mark(e, "stuck", f"stuck: the call hangs {e['seconds']:g} s")
-        elif kind == "abandon":
-            mark(e, "abandon", f"maximum runtime ({e['max_runtime']:g} s): heartbeat stops")
-        elif kind == "lease-lost":
-            mark(e, "lease-lost", "heartbeat: lease lost to another attempt")
-    spans = []
-    for (worker, attempt), x in execs.items():
-        end = x["end"] if x["end"] is not None else now
-        spans.append((worker, attempt, x["start"], end))
-        rows.append({"kind": "execution", "worker": worker, "attempt": attempt,
-                     "start": x["start"] - t0, "end": end - t0, "outcome": x["outcome"],
-                     "label": f"attempt {attempt}: {x['outcome']}"})
-        start, length = claimed.get((worker, attempt), x["start"]), lease.get(worker) or 0.0
-        expires = max(start + length, until.get((worker, attempt), 0.0))
-        held = min(expires, end) if x["outcome"] == "done" else expires  # done releases it
-        rows.append({"kind": "lease", "worker": worker, "attempt": attempt, "start": start - t0,
-                     "end": held - t0, "outcome": None, "label": f"lease of attempt {attempt}"})
-        if expires < end:
-            mark({"worker": worker, "attempt": attempt, "t": expires}, "expired",
-                 f"lease of attempt {attempt} expired while it ran")
-    for i, (w1, a1, s1, e1) in enumerate(spans):
-        for w2, a2, s2, e2 in spans[i + 1:]:
-            lo, hi = max(s1, s2), min(e1, e2)
-            if hi > lo:
-                for w, a in ((w1, a1), (w2, a2)):
-                    rows.append({"kind": "overlap", "worker": w, "attempt": a, "start": lo - t0,
-                                 "end": hi - t0, "outcome": None,
-                                 "label": f"two executions at once for {hi - lo:.1f} s"})
-    return pd.DataFrame(rows, columns=SEGMENT_COLUMNS)
-
-
-def run_variant(run: WorkersRun, v: Variant, s: Settings, live: Any = None) -> dict[str, Any]:
-    """Start two workers, queue one job once both poll, wait until it is settled; return facts.
-
-    ``live.update(segments)`` is called every 0.2 s while the job runs, and once at the end.
-    """
-    options = v.worker_options(s)
-    outside_file = run.path.with_name("outside.jsonl")
-    run.fleet.env[outside.FILE_ENV] = str(outside_file)
-    run.fleet.env[outside.HANG_ENV] = str(s.hang if v.stuck else 0)
-    procs = {name: run.start(name=name, **options) for name in WORKERS}
-
-    def polling() -> bool:
-        for name, p in procs.items():
-            if p.poll() is not None:
-                raise OverrunError(f"{name} exited ({p.returncode}) before the job was queued")
-        idle = {e["worker"] for e in event_log.read(run.path) if e["event"] == "idle"}
-        return idle >= set(WORKERS)
-
-    run.until(polling, timeout=30)
-    t0 = time.time()
-
-    def draw() -> None:
-        if live is not None:
-            live.update(segments(event_log.read(run.path), t0=t0, now=time.time()))
-
-    with run.scratch.connect("worker", "overrun enqueue", autocommit=True) as conn:
-        (job,) = queue.enqueue(conn, "outside", tenant=1, seconds=s.job)
-
-        def settled() -> bool:
-            draw()
-            claimed = {e["worker"] for e in event_log.read(run.path) if e["event"] == "claim"}
-            running = [n for n in claimed if procs[n].poll() is None]
-            if all(p.poll() is not None for p in procs.values()):
-                return True
-            status = next(x["status"] for x in queue.job_states(conn) if x["id"] == job)
-            return status in ("done", "dead") and not running
-
-        run.until(settled, timeout=_limit(s))
-    draw()
-    final = segments(event_log.read(run.path), t0=t0, now=time.time())
-    return {**_facts(run, job, outside_file), "segments": final}
-
-
-def run(*, full: bool = False, progress: Any = None, live: Any = None,
-        variants: tuple[str | Variant, ...] | list[str | Variant] = VARIANTS,
-        settings: Settings | None = None, **knobs: float) -> Result:
-    """Run each variant with two real worker processes; return one row per variant.
-
-    ``knobs``: lease, job, poll, heartbeat, max_runtime, hang (seconds; defaults are the
-    article's setup), or all of them at once as ``settings``. ``live``: ``live.update(segments)``
-    redraws a chart while a variant runs (``tenantlab.charts.overrun.chart`` draws them).
-    ``full`` changes nothing: the article's experiment is already this size.
-    """
-    s = settings if settings is not None else Settings(**knobs)
-    chosen = [variant(v) for v in variants]
+    k = knobs or Knobs()
+    chosen = k.chosen()
     for v in chosen:
-        v.worker_options(s)  # refuse bad settings before any process starts
+        v.worker_options(k)  # refuse bad knobs before any process starts
     rows, frames, gantt = [], [], []
     for v in chosen:
         # The live chart is drawn here, from the Gantt rows, not from the generic timeline.
         with workers_run(f"overrun {v.name}") as r:
-            facts = run_variant(r, v, s, live)
+            facts = race(r, v.worker_options(k), job=k.job, hang=k.hang if v.stuck else 0.0,
+                         timeout=2 * k.job + k.hang + k.lease + k.max_runtime + 30.0, live=live)
             ev = r.events()
         gantt.append(facts.pop("segments").assign(variant=v.name))
-        verdict = verdict_of(facts["executions"], facts["completions"])
-        expected, why = expect(v, s)
-        rows.append({"variant": v.name, "label": v.label, **facts, "verdict": verdict,
+        outcome = verdict_of(facts["executions"], facts["completions"])
+        expected, why = expect(v, k)
+        rows.append({"variant": v.name, "label": v.label, **facts, "verdict": outcome,
                      "expected": expected, "why": why,
-                     "as_expected": None if expected is None else verdict == expected})
+                     "as_expected": None if expected is None else outcome == expected})
         frames.append(ev.assign(variant=v.name))
         if progress:
             progress(1)
-    table = pd.DataFrame(rows)
-    summary = {
-        "executions": dict(zip(table.variant, table.executions.astype(int), strict=True)),
-        "completions": dict(zip(table.variant, table.completions.astype(int), strict=True)),
-        "verdicts": dict(zip(table.variant, table.verdict, strict=True)),
-        "settings": asdict(s),
+    segs = pd.concat(gantt, ignore_index=True) if gantt else \
+        pd.DataFrame(columns=[*SEGMENT_COLUMNS, "variant"])
+    return _result(k, pd.DataFrame(rows),
+                   pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), segs)
+
+
+def combine(results: Sequence[Result]) -> Result:
+    """Return runs of single variants (the notebook's sections) as one result, judged once.
+
+    They must share the same durations; five runs of the article's variants at the article's
+    setup are judged against the article.
+    """
+    if not results:
+        raise OverrunError("nothing to combine: no run given")
+    knobs = [r.knobs for r in results if isinstance(r.knobs, Knobs)]
+    if len(knobs) < len(results) or any(x.seconds() != knobs[0].seconds() for x in knobs):
+        raise OverrunError("only overrun runs with the same durations can be judged together")
+    k = dataclasses.replace(knobs[0], variants=tuple(v for x in knobs for v in x.variants))
+    table = pd.concat([r.table for r in results], ignore_index=True)
+    events = pd.concat([r.events for r in results], ignore_index=True)
+    segs = pd.concat([r.data["segments"] for r in results], ignore_index=True)
+    return _result(k, table, events, segs)
+
+
+def _result(k: Knobs, table: pd.DataFrame, events: pd.DataFrame, segs: pd.DataFrame) -> Result:
+    def per_variant(column: str, kind: type) -> dict[str, Any]:
+        return {v: None if x is None else plain(kind(x))
+                for v, x in zip(table.variant, table[column], strict=True)}
+
+    measured: dict[str, Any] = {
+        "executions": per_variant("executions", int),
+        "completions": per_variant("completions", int),
+        "verdicts": per_variant("verdict", str),
+        "beats": per_variant("beats", int),
+        "abandoned": per_variant("abandoned", int),
+        "taken_over": per_variant("taken_over", bool),
+        "overlap_s": per_variant("overlap_s", float),
+        "fenced": per_variant("fenced", int),
+        "first_worker": per_variant("first_worker", str),
+        "settings": k.seconds(),
     }
-    events = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    segs = pd.concat(gantt, ignore_index=True) if gantt else pd.DataFrame(columns=SEGMENT_COLUMNS)
-    return Result(table, summary, events, segs)
+    measured["as_article"] = {v: _as_article(v, measured) for v in measured["executions"]
+                              if expected_counts(v) is not None}
+    summary = "; ".join(describe(r) for r in table.itertuples())
+    return Result("overrun", k, measured, judge(measured, k), summary=summary, table=table,
+                  events=events, data={"segments": segs})
 
 
 def expected_counts(name: str) -> dict[str, int] | None:
@@ -369,19 +255,62 @@ def expected_counts(name: str) -> dict[str, int] | None:
     return None
 
 
-def check(table: pd.DataFrame) -> dict[str, bool]:
-    """Return, per variant run, whether executions and completions are the article's."""
-    out = {}
-    for r in table.itertuples():
-        want = expected_counts(r.variant)
+def _as_article(name: str, m: dict[str, Any]) -> bool:
+    """Return whether a variant's counts (and, for the stuck ones, its story) are the article's."""
+    want = expected_counts(name)
+    if want is None:
+        return False
+    ok = m["executions"][name] == want["executions"] and m["completions"][name] == want["completions"]
+    if name == "max_runtime":
+        ok = ok and m["abandoned"][name] >= 1 and m["taken_over"][name] and m["fenced"][name] >= 1
+    if name == "stuck":
+        ok = ok and not m["taken_over"][name] and m["beats"][name] > 0
+    return bool(ok)
+
+
+def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
+    """Judge each variant that ran: at the article's durations, its counts against the article's;
+    at other durations (or the explorer's switches), its outcome against ``expect``.
+
+    At the article's setup all five variants must have run.
+    """
+    k = knobs or Knobs()
+    article_seconds = measured.get("settings", k.seconds()) == Knobs().seconds()
+    by_name = {v.name: v for v in k.chosen()}
+    checks = []
+    for name in measured["executions"]:
+        v = by_name.get(name) or variant(name)
+        got = (f"{measured['verdicts'][name]}: {measured['executions'][name]} executions, "
+               f"{measured['completions'][name]} completions{_story(name, measured)}")
+        want = expected_counts(name) if article_seconds and name in BY_NAME else None
         if want is not None:
-            ok = r.executions == want["executions"] and r.completions == want["completions"]
-            if r.variant == "max_runtime":
-                ok = ok and r.abandoned >= 1 and bool(r.taken_over) and r.fenced >= 1
-            if r.variant == "stuck":
-                ok = ok and not r.taken_over and r.beats > 0
-            out[r.variant] = bool(ok)
-    return out
+            expected = (f"{verdict_of(want['executions'], want['completions'])}: "
+                        f"{want['executions']} executions, {want['completions']} completions"
+                        + {"max_runtime": "; abandoned, taken over, fenced",
+                           "stuck": "; beats, never taken over"}.get(name, ""))
+            checks.append(check(v.title or v.label, _as_article(name, measured), expected, got))
+            continue
+        outcome, why = expect(v, k)
+        possible = {outcome} if outcome else {VERDICTS[(1, 1)],
+                                             VERDICTS[(2, 1) if v.fence else (2, 2)]}
+        checks.append(check(v.title or v.label, measured["verdicts"][name] in possible,
+                            f"{outcome or 'either (too close to call)'}: {why}", got))
+    if k.is_article_setup():
+        missing = [n for n in BY_NAME if n not in measured["executions"]]
+        if missing:
+            checks.append(check("every variant ran", False, ", ".join(BY_NAME),
+                                f"missing: {', '.join(missing)}"))
+    return Verdict.of(checks, article=k.is_article_setup())
+
+
+def _story(name: str, m: dict[str, Any]) -> str:
+    extra = [f"{m['beats'][name]} beats"] if m["beats"][name] else []
+    if m["abandoned"][name]:
+        extra.append("abandoned")
+    extra.append("taken over" if m["taken_over"][name] else "never taken over")
+    if m.get("fenced", {}).get(name):
+        extra.append(f"{m['fenced'][name]} fenced")
+    return f"; {', '.join(extra)}"
 
 
 def describe(r: Any) -> str:
@@ -399,26 +328,6 @@ def describe(r: Any) -> str:
     return f"{r.variant}: {r.executions} executions, {r.completions} completions{more}"
 
 
-def reproduce(full: bool = False) -> dict[str, Any]:
-    """Run the five variants at the article's setup and compare the counts."""
-    res = run(full=full)
-    t = res.table
-    agree = check(t)
-    measured = {
-        "executions": res.summary["executions"],
-        "completions": res.summary["completions"],
-        "verdicts": res.summary["verdicts"],
-        "beats": dict(zip(t.variant, t.beats.astype(int), strict=True)),
-        "abandoned": dict(zip(t.variant, t.abandoned.astype(int), strict=True)),
-        "taken_over": dict(zip(t.variant, t.taken_over.astype(bool), strict=True)),
-        "overlap_s": dict(zip(t.variant, t.overlap_s.astype(float), strict=True)),
-        "settings": res.summary["settings"],
-        "as_article": agree,
-    }
-    summary = "; ".join(describe(r) for r in t.itertuples())
-    return {"measured": measured, "reproduced": all(agree.values()) and len(agree) == 5,
-            "summary": summary}
-
-
-__all__ = ["ARTICLE", "CLAIM", "VARIANTS", "Result", "Settings", "Variant", "expect", "reproduce",
-           "run", "verdict_of"]
+__all__ = ["ARTICLE", "BY_NAME", "CLAIM", "EXPECTED_STUCK", "VARIANTS", "VERDICTS", "WORKERS",
+           "Knobs", "OverrunError", "Variant", "combine", "describe", "expect", "expected_counts",
+           "judge", "run", "segments", "variant", "verdict_of"]

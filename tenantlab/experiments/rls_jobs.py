@@ -10,11 +10,13 @@ counting exactly its own tenant's invoices.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
-from .. import db, queue, tenant
+from .. import db, finding, queue, tenant
+from ..finding import Result, Verdict, check, knob, plain
 from ..queries import q
 from ._workers import WorkersRun, workers_run
 
@@ -28,10 +30,11 @@ ARTICLE: dict[str, Any] = {
 }
 
 
-class Result(NamedTuple):
-    table: pd.DataFrame  # one row per step of the script
-    summary: dict[str, Any]
-    events: pd.DataFrame
+@dataclass(frozen=True)
+class Knobs(finding.Knobs):
+    """Jobs spread over tenants 1..100 in turn; the article's 100 is the workshop size too."""
+
+    jobs: int = knob(100, lo=10, hi=1000, step=10, label="jobs")
 
 
 def _worker_process(run: WorkersRun, name: str) -> tuple[int, pd.DataFrame]:
@@ -41,12 +44,10 @@ def _worker_process(run: WorkersRun, name: str) -> tuple[int, pd.DataFrame]:
     return code, ev[ev["worker"] == name]
 
 
-def run(*, full: bool = False, progress: Any = None, live: Any = None,
-        jobs: int = 100) -> Result:
-    """Show the trap and the fix; return the script's steps, the measured values and events.
-
-    ``jobs`` are spread over tenants 1..100 in turn; ``full`` changes nothing.
-    """
+def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
+    """Show the trap and the fix; return the script's steps (table), measured values, events."""
+    k = knobs or Knobs()
+    jobs = k.jobs
     if not 1 <= jobs <= 10_000:
         raise ValueError(f"jobs must be 1..10000, not {jobs}")
     steps: list[dict[str, Any]] = []
@@ -96,11 +97,17 @@ def run(*, full: bool = False, progress: Any = None, live: Any = None,
             if progress:
                 progress(1)
         events = r.events()
-    summary = {"visible_without_tenant": visible, "total_jobs": total, "claimed": claimed,
-               "error": error, "visible_as_tenant_7": as_tenant_7,
-               "claimed_by_worker_process": ran_with_policy, "visible_after_fix": after,
-               "done_after_fix": done, "counted_right_after_fix": right}
-    return Result(pd.DataFrame(steps), summary, events)
+    measured = {"visible_without_tenant": visible, "total_jobs": total, "claimed": claimed,
+                "error": error, "visible_as_tenant_7": as_tenant_7,
+                "claimed_by_worker_process": ran_with_policy, "visible_after_fix": after,
+                "done_after_fix": done, "counted_right_after_fix": right}
+    measured = plain(measured)
+    m = measured
+    summary = (f"without tenant context {m['visible_without_tenant']} of {m['total_jobs']} jobs "
+               f"visible, claim returned {m['claimed']} jobs, error {m['error']}; after the fix "
+               f"{m['visible_after_fix']} visible, {m['done_after_fix']} done")
+    return Result("rls-jobs", k, measured, judge(measured, k), summary=summary,
+                  table=pd.DataFrame(steps), events=events)
 
 
 def _counted_right(ev: pd.DataFrame) -> int:
@@ -110,23 +117,16 @@ def _counted_right(ev: pd.DataFrame) -> int:
     return int(sum(int(r.result) == 20000 // int(claims[r.job]) for r in fin.itertuples()))
 
 
-def check(summary: dict[str, Any]) -> bool:
-    s = summary
-    return (s["visible_without_tenant"] == 0 and s["total_jobs"] > 0 and s["claimed"] == 0
-            and s["error"] is None and s["visible_after_fix"] == s["total_jobs"])
-
-
-def verdict(summary: dict[str, Any]) -> tuple[bool, str, str]:
-    s = summary
-    measured = (f"without tenant context {s['visible_without_tenant']} of {s['total_jobs']} jobs "
-                f"visible, claim returned {s['claimed']} jobs, error {s['error']}; after the fix "
-                f"{s['visible_after_fix']} visible, {s['done_after_fix']} done")
-    return check(s), "0 of 100 visible, claim returns nothing, no error; 100 after the fix", \
-        measured
-
-
-def reproduce(full: bool = False) -> dict[str, Any]:
-    """Run the trap and the fix with the article's 100 jobs."""
-    res = run(full=full)
-    ok, _, text = verdict(res.summary)
-    return {"measured": res.summary, "reproduced": ok, "summary": text}
+def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
+    """Judge the trap (nothing visible, nothing claimed, no error) and the fix (all visible)."""
+    k, m = knobs or Knobs(), measured
+    total = m["total_jobs"]
+    return Verdict.of([
+        check("jobs visible without tenant context", m["visible_without_tenant"] == 0 and total > 0,
+              f"0 of {total}", f"{m['visible_without_tenant']} of {total}"),
+        check("claim without tenant context", m["claimed"] == 0 and m["error"] is None,
+              "nothing, no error",
+              f"{m['claimed']} jobs, " + ("no error" if m["error"] is None else m["error"])),
+        check("jobs visible after the fix", m["visible_after_fix"] == total,
+              f"{total} of {total}", f"{m['visible_after_fix']} of {total}"),
+    ], article=k.is_article_setup())

@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from .. import db, monitor, outside, queue
+from ..finding import Verdict, check
 from ..queries import q
 from ..reaper import Reaper, ReaperConfig
 from ._workers import workers_run
@@ -193,18 +194,18 @@ def table(results: dict[str, Result]) -> pd.DataFrame:
                         index=rows)
 
 
-def verdict(results: dict[str, Result]) -> list[str]:
-    """Check the corrected run against what we would expect of it; one line per check."""
+def verdict(results: dict[str, Result]) -> Verdict:
+    """Check the corrected run against what we expect of it (and the naive one's loss)."""
     c = results["corrected"].summary
-    n = results.get("naive")
     checks = [
-        (c["lost"] == 0, "the corrected run loses nothing", f"lost {c['lost']}"),
-        (c["executed_twice"] == 0, "runs nothing twice", f"executed twice {c['executed_twice']}"),
-        (c["wrong_tenant_rows"] == 0, "leaks nothing", f"wrong-tenant rows {c['wrong_tenant_rows']}"),
-        (c["holder_ended_by_timeout"], "the idle holder is ended by the timeout",
-         f"ended: {c['holder_ended_by_timeout']}"),
+        check("corrected: jobs lost", c["lost"] == 0, 0, c["lost"]),
+        check("corrected: jobs executed twice", c["executed_twice"] == 0, 0, c["executed_twice"]),
+        check("corrected: rows read under the wrong tenant", c["wrong_tenant_rows"] == 0, 0,
+              c["wrong_tenant_rows"]),
+        check("corrected: idle holder ended by the timeout", c["holder_ended_by_timeout"],
+              True, c["holder_ended_by_timeout"]),
     ]
-    if n is not None:
-        checks.append((n.summary["lost"] > 0, "the naive run leaves jobs behind",
-                       f"lost {n.summary['lost']} of {n.summary['jobs']}"))
-    return [("✓ " if ok else "✗ ") + f"{what}: {seen}" for ok, what, seen in checks]
+    if n := results.get("naive"):
+        checks.append(check("naive: jobs left behind", n.summary["lost"] > 0,
+                            "some", f"{n.summary['lost']} of {n.summary['jobs']}"))
+    return Verdict.of(checks, article=False)

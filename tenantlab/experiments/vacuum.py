@@ -24,7 +24,8 @@ from typing import Any
 import pandas as pd
 import psycopg
 
-from .. import db, kinds, queue
+from .. import db, finding, kinds, queue
+from ..finding import Result, Verdict, check, knob, plain
 from ..monitor import Monitor
 from ..queries import q
 
@@ -42,8 +43,6 @@ ARTICLE = {
     "short_jobs_seconds": {"held": 6.6, "not held": [5.5, 5.6]},
 }
 
-WORKSHOP: dict[str, Any] = {"long_seconds": 4.0, "short_jobs": 2000}
-FULL: dict[str, Any] = {"long_seconds": 20.0, "short_jobs": 5000}
 _TUPLES = re.compile(r"tuples: (\d+) removed, (\d+) remain, (\d+) are dead but not yet removable")
 _CUTOFF = re.compile(r"removable cutoff: (\d+), which was (\d+) XIDs old")
 
@@ -57,14 +56,24 @@ class Variant:
     holds_back: bool
 
 
+# Labels differ in their first words: a chart's axis may cut the end of a long one.
 VARIANTS = (
-    Variant("single_for_update", "single transaction: claim FOR UPDATE, work, commit", True),
-    Variant("leased_outside", "lease claim committed, long work outside a transaction", False),
-    Variant("leased_wrote", "lease claim committed, long work in a transaction that wrote", True),
-    Variant("read_committed_idle", "read-only READ COMMITTED, idle between statements", False),
-    Variant("repeatable_read", "read-only REPEATABLE READ transaction", True),
+    Variant("single_for_update", "single transaction (FOR UPDATE)", True),
+    Variant("leased_outside", "lease, work outside a transaction", False),
+    Variant("leased_wrote", "lease, work in a transaction that wrote", True),
+    Variant("read_committed_idle", "READ COMMITTED reader, idle", False),
+    Variant("repeatable_read", "REPEATABLE READ reader", True),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
+
+
+@dataclass(frozen=True)
+class Knobs(finding.Knobs):
+    """One long job of `long_seconds` per variant, `short_jobs` short jobs beside it."""
+
+    long_seconds: float = knob(4.0, full=20.0, lo=0.5, hi=20.0, step=0.5, label="long job (s)")
+    short_jobs: int = knob(2000, full=5000, lo=100, hi=5000, step=100, label="short jobs")
+    variants: tuple[str, ...] = knob(tuple(BY_NAME))
 
 
 class VacuumError(RuntimeError):
@@ -173,11 +182,11 @@ def short_jobs(conn: psycopg.Connection, limit: int) -> int:
 
 
 def run_variant(s: db.Scratch, variant: Variant, long_seconds: float, n_short: int,
-                monitor: Monitor, progress: Callable[[dict], None] | None = None
+                monitor: Monitor, watch: Callable[[dict], None] | None = None
                 ) -> dict[str, Any]:
     """Run one variant in scratch database s; return its row.
 
-    progress gets ``{"phase": "holding", ...}`` once the long job holds (an interrupt raised
+    watch gets ``{"phase": "holding", ...}`` once the long job holds (an interrupt raised
     there must still end it), then the row with ``"phase": "done"``.
     """
     with s.connect("admin", "vacuum setup", autocommit=True) as admin:
@@ -192,8 +201,8 @@ def run_variant(s: db.Scratch, variant: Variant, long_seconds: float, n_short: i
         long.holding.wait(30)
         if long.error is not None:
             raise VacuumError(f"long job {variant.name} failed: {long.error}") from long.error
-        if progress is not None:
-            progress({"variant": variant.name, "phase": "holding", "long_job_pid": long.pid})
+        if watch is not None:
+            watch({"variant": variant.name, "phase": "holding", "long_job_pid": long.pid})
         with s.connect("worker", "short jobs", autocommit=True) as conn:
             t0 = time.perf_counter()
             handled = short_jobs(conn, n_short)
@@ -222,36 +231,41 @@ def run_variant(s: db.Scratch, variant: Variant, long_seconds: float, n_short: i
         "remain": result["remain"], "short_jobs": handled, "seconds": round(seconds, 3),
         "foreign_holders": len(sample.foreign(s.name)),
     }
-    if progress is not None:
-        progress(dict(row, phase="done"))
+    if watch is not None:
+        watch(dict(row, phase="done"))
     return row
 
 
-def run(*, full: bool = False, long_seconds: float | None = None, short: int | None = None,
-        variants: tuple[str, ...] | None = None, progress: Callable[[dict], None] | None = None,
-        dsn: str | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Run the variants (all by default) in one scratch database; return rows and a summary."""
-    size = FULL if full else WORKSHOP
-    long_seconds = size["long_seconds"] if long_seconds is None else long_seconds
-    n_short: int = short or size["short_jobs"]
-    names = variants or tuple(BY_NAME)
-    unknown = [n for n in names if n not in BY_NAME]
-    if unknown:
-        raise VacuumError(f"unknown variant {', '.join(unknown)}; valid: {', '.join(BY_NAME)}")
-    rows = []
-    with db.scratch("vacuum", dsn) as s, Monitor(s.admin) as monitor:
-        for name in names:
-            rows.append(run_variant(s, BY_NAME[name], long_seconds, n_short, monitor,
-                                    progress))
+def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None,
+        watch: Callable[[dict], None] | None = None) -> Result:
+    """Run the variants in one scratch database; return their rows and the verdict.
+
+    ``live`` (a ``LiveChart``) is redrawn and ``progress(1)`` called as each variant ends;
+    ``watch`` gets each variant's phases (``"holding"``, ``"done"``; see ``run_variant``).
+    """
+    k = knobs or Knobs()
+    unknown = [n for n in k.variants if n not in BY_NAME]
+    if unknown or not k.variants:
+        raise VacuumError(f"unknown variant {', '.join(unknown) or '(none)'}; "
+                          f"valid: {', '.join(BY_NAME)}")
+    if k.short_jobs < 1 or k.long_seconds <= 0:
+        raise VacuumError("short_jobs must be at least 1 and long_seconds above 0")
+    rows: list[dict[str, Any]] = []
+    with db.scratch("vacuum") as s, Monitor(s.admin) as monitor:
+        for name in k.variants:
+            rows.append(run_variant(s, BY_NAME[name], k.long_seconds, k.short_jobs, monitor,
+                                    watch))
+            if live is not None:
+                live.update(pd.DataFrame(rows))
+            if progress is not None:
+                progress(1)
     df = pd.DataFrame(rows)
-    summary = {"long_seconds": long_seconds, "short_jobs": n_short,
-               "as_expected": bool((df["holds_back"] == df["expected_holds_back"]).all())}
-    return df, summary
+    measured = _measured(df, k)
+    return Result("vacuum", k, measured, judge(measured, k), summary=_summary(df),
+                  table=df)
 
 
-def reproduce(full: bool = False) -> dict[str, Any]:
-    """Run the five variants; reproduced when exactly the article's holders hold VACUUM back."""
-    df, summary = run(full=full)
+def _measured(df: pd.DataFrame, k: Knobs) -> dict[str, Any]:
     measured: dict[str, Any] = {
         r["variant"]: {"removable": r["removable"], "dead_not_removable": r["dead_not_removable"],
                        "seconds": r["seconds"], "long_job_holds": r["long_job_holds"]}
@@ -259,14 +273,40 @@ def reproduce(full: bool = False) -> dict[str, Any]:
     }
     held = df[df["expected_holds_back"]]["seconds"]
     free = df[~df["expected_holds_back"]]["seconds"]
-    measured["short_jobs"] = summary["short_jobs"]
-    measured["long_seconds"] = summary["long_seconds"]
-    measured["seconds_ratio_held_vs_not"] = round(float(held.mean() / free.mean()), 2)
+    measured["short_jobs"] = k.short_jobs
+    measured["long_seconds"] = k.long_seconds
+    # One variant alone (the explorer) has nothing to compare with.
+    measured["seconds_ratio_held_vs_not"] = (
+        round(float(held.mean() / free.mean()), 2) if len(held) and len(free) else None)
+    measured["not_as_article"] = df[df["holds_back"] != df["expected_holds_back"]][
+        "variant"].tolist()
+    return plain(measured)
+
+
+def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
+    """Judge each variant that ran: does it hold VACUUM back exactly when the article says?"""
+    k = knobs or Knobs()
+    checks = []
+    for v in VARIANTS:
+        if (m := measured.get(v.name)) is None:
+            continue
+        held = m["dead_not_removable"] > 0
+        checks.append(check(
+            v.label, held == v.holds_back,
+            "holds VACUUM back" if v.holds_back else "holds nothing back",
+            f"{'holds' if held else 'holds nothing'}: {m['dead_not_removable']:,} dead not "
+            f"removable, {m['removable']:,} removed"))
+    return Verdict.of(checks, article=k.is_article_setup())
+
+
+def _summary(df: pd.DataFrame) -> str:
+    held = df[df["expected_holds_back"]]["seconds"]
+    free = df[~df["expected_holds_back"]]["seconds"]
+    text = "; ".join(f"{r['variant']} {r['dead_not_removable']} held/{r['removable']} removed"
+                     for r in df.to_dict("records"))
+    if len(held) and len(free):
+        text += f"; short jobs {held.mean():.2f} s held vs {free.mean():.2f} s"
     wrong = df[df["holds_back"] != df["expected_holds_back"]]["variant"].tolist()
-    measured["not_as_article"] = wrong
-    parts = [f"{r['variant']} {r['dead_not_removable']} held/{r['removable']} removed"
-             for r in df.to_dict("records")]
-    text = "; ".join(parts) + f"; short jobs {held.mean():.2f} s held vs {free.mean():.2f} s"
     if wrong:
         text += f"; NOT as the article: {', '.join(wrong)}"
-    return {"measured": measured, "reproduced": not wrong, "summary": text}
+    return text
