@@ -42,7 +42,7 @@ def explorer() -> Any:
 
 
 def _table(res: Result) -> Any:
-    return res.table if res.table is not None else pd.DataFrame()
+    return nb.table(res.table if res.table is not None else pd.DataFrame())
 
 
 def measured_rates(res: Result) -> pd.DataFrame:

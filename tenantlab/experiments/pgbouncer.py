@@ -126,10 +126,10 @@ def script(res: Result, form: str = "session", steps: int = 14) -> pd.DataFrame:
     for e in shown:
         server = servers.setdefault(e["server"], len(servers) + 1)
         if e["event"] == "job":
-            does = f"job for tenant {e['tenant']}: set_config({form} form), count"
+            does = f"job: sets tenant {e['tenant']} ({form} form)"
             sees = f"tenant {e['tenant']}: {e['invoices']:,} invoices"
         else:
-            does = "reads, sets no tenant"
+            does = "reads, sets no tenant"  # the transaction B runs every time
             sees = ("no tenant: 0 invoices" if e["tenant"] is None
                     else f"tenant {e['tenant']}: {e['invoices']:,} invoices  ✗")
         rows.append({"t (ms)": round((e["t"] - t0) * 1000), "who": f"process {e['worker']}",
@@ -202,7 +202,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
     if not pooler.installed():
         skipped: dict[str, Any] = {"pgbouncer_version": None, "skipped": pooler.INSTALL}
         return Result("pgbouncer", k, skipped, judge(skipped, k),
-                      summary=f"skipped: {pooler.INSTALL}")
+                      summary=f"skipped: {pooler.INSTALL}", table=pd.DataFrame(columns=["form"]))
     step = progress or (lambda n=1: None)
     evs: list[dict[str, Any]] = []
     facts = pooler_facts(k.pool_size)
@@ -255,7 +255,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
         "corrected_worker": {"direct": direct, "pgbouncer": through},
     }
     measured = plain(measured)
-    table = pd.DataFrame([{"form": f"{form} form", **forms[form]} for form in forms]).set_index("form")
+    table = pd.DataFrame([{"form": f"{form} form", **forms[form]} for form in forms])
     return Result("pgbouncer", k, measured, judge(measured, k), summary=_summary(measured),
                   table=table, data={"events": evs, "reads": reads_frame(evs)})
 
