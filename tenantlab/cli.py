@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from . import db, reproduce, settings
+from . import db, pgbouncer, reproduce, settings
 from .errors import TenantlabError
 from .experiments import FINDINGS
 from .server import REPO, ServerError, alive, embedded, port_free
@@ -42,6 +42,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     db.ensure_template(dsn)
     print(f"{'started' if started else 'already running'}: PostgreSQL in {server.home}",
           file=sys.stderr)
+    if args.pgbouncer:
+        bouncer, fresh = pgbouncer.start_daemon(dsn)
+        print(f"{'started' if fresh else 'already running'}: PgBouncer {pgbouncer.version()} "
+              f"(transaction mode) on 127.0.0.1:{bouncer.port}, for {db.WORKER}",
+              file=sys.stderr)
     print(dsn)
     return 0
 
@@ -51,6 +56,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     if (lab := lab_pid(server.home)) is not None and not args.force:
         raise TenantlabError(f"a lab (pid {lab}) is using the server in {server.home}: stop it "
                              "first (Ctrl-C where it runs), or `tenantlab down --force`")
+    if pgbouncer.stop_daemon():
+        print("stopped PgBouncer")
     if args.purge:
         server.purge()
         print(f"stopped and removed {server.home}")
@@ -203,6 +210,8 @@ def parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the embedded PostgreSQL 17; print the admin DSN last")
     up.add_argument("--port", type=_port, default=None,
                     help="TCP port on 127.0.0.1 (default: the last one, else 54317 or a free one)")
+    up.add_argument("--pgbouncer", action="store_true",
+                    help="also start PgBouncer in transaction mode in front of it (notebook 12)")
     up.set_defaults(func=cmd_up)
 
     down = sub.add_parser("down", help="stop the embedded server")

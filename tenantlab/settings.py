@@ -26,6 +26,8 @@ WORKER_PASSWORD = "TENANTLAB_WORKER_PASSWORD"
 OUTSIDE = "TENANTLAB_OUTSIDE"
 OUTSIDE_HANG = "TENANTLAB_OUTSIDE_HANG"
 JUPYTER_TOKEN = "JUPYTER_TOKEN"
+PGBOUNCER = "TENANTLAB_PGBOUNCER"
+PGBOUNCER_URL = "TENANTLAB_PGBOUNCER_URL"
 
 
 def _get(name: str) -> str | None:
@@ -122,3 +124,13 @@ def jupyter_token() -> str | None:
 def path() -> str:
     """Return PATH for the server's child processes."""
     return _get("PATH") or "/usr/bin:/bin"
+
+
+def pgbouncer() -> Path | None:
+    """Return the pgbouncer binary to use instead of the one on PATH (TENANTLAB_PGBOUNCER)."""
+    return Path(v) if (v := _get(PGBOUNCER)) else None
+
+
+def pgbouncer_url() -> str | None:
+    """Return a PgBouncer to use as it is (TENANTLAB_PGBOUNCER_URL; docker compose sets it)."""
+    return _get(PGBOUNCER_URL)
