@@ -141,7 +141,7 @@ def drain_live(variant: str = "held", progress: nb.Progress | None = None,
         live.finish()
 
 
-def timeout_demo(timeout: float = 1.0, jobs: int = 6_000, block: int = 500) -> Any:
+def timeout_demo(timeout: float = 1.0, jobs: int = 4_000, block: int = 400) -> Any:
     """Hold the horizon with an idle session whose idle timeout ends it; return its blocks."""
     with nb.progress(jobs // block, "blocks") as bar:
         df, summary = drain_live("timeout", bar, jobs=jobs, block=block, holder="xid",

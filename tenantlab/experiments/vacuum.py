@@ -294,8 +294,8 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
         checks.append(check(
             v.label, held == v.holds_back,
             "holds VACUUM back" if v.holds_back else "holds nothing back",
-            f"{'holds' if held else 'holds nothing'}: {m['dead_not_removable']:,} dead not "
-            f"removable, {m['removable']:,} removed"))
+            f"{'holds back' if held else 'holds nothing'}: {m['dead_not_removable']:,} dead "
+            f"not yet removable, {m['removable']:,} removed"))
     return Verdict.of(checks, article=k.is_article_setup())
 
 
