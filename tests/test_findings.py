@@ -90,3 +90,10 @@ def test_reproduce_imports_no_chart_library() -> None:
             " or m.startswith('tenantlab.charts')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("fid", list(REGISTRY))
+def test_every_finding_has_a_report_chart(fid: str) -> None:
+    from tenantlab import report
+
+    assert report.chart_of(fid) is not None, f"tenantlab/charts/{get(fid).module_name}.py: report_chart"
