@@ -17,6 +17,7 @@ from psycopg.conninfo import conninfo_to_dict
 from . import db, pgbouncer, reproduce, settings
 from .errors import TenantlabError
 from .experiments import FINDINGS
+from .jobqueue.jobs import JobQueueError
 from .server import REPO, ServerError, alive, embedded, port_free
 
 log = logging.getLogger("tenantlab")
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def explain(e: BaseException) -> str | None:
     """Return one or two lines for a failure the user can act on; None for a bug (traceback)."""
-    if isinstance(e, TenantlabError):
+    if isinstance(e, TenantlabError | JobQueueError):
         return str(e)
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if isinstance(e, psycopg.errors.InsufficientPrivilege) and "tenantlab_" in first:

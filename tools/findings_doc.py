@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
-import json
+import re
 import sys
 from pathlib import Path
 
@@ -54,6 +54,21 @@ def _knobs(entry) -> str:
     return "\n".join(rows) if len(rows) > 2 else "(no knobs)"
 
 
+def _article(article: dict) -> str:
+    rows = ["| what | the article |", "|---|---|"]
+
+    def walk(path: str, value) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{path}: {k}" if path else str(k), v)
+        else:
+            text = ", ".join(map(_v, value)) if isinstance(value, list) else _v(value)
+            rows.append(f"| {path.replace('_', ' ')} | {text.replace('|', '/')} |")
+
+    walk("", article)
+    return "\n".join(rows) if len(rows) > 2 else "(none: the article did not measure this)"
+
+
 def _v(value) -> str:
     if isinstance(value, tuple):
         return ", ".join(map(str, value))
@@ -65,14 +80,15 @@ def render() -> str:
     for entry in REGISTRY.values():
         doc = inspect.cleandoc(entry.module.__doc__ or "")
         body = doc.split("\n", 1)[1].strip() if "\n" in doc else ""
-        article = json.dumps(entry.article, indent=2, ensure_ascii=False, default=str)
+        first = re.sub(r"^Finding\s+`+[\w-]+`+:\s*", "", doc.splitlines()[0]) if doc else ""
+        first = first[:1].upper() + first[1:]
         parts.append(
             f"## `{entry.id}` — notebook `{entry.notebook}`\n\n"
             f"**Claim.** {entry.claim}\n\n"
-            f"**What the kit measures.** {doc.splitlines()[0] if doc else ''}\n\n"
+            f"**What the kit measures.** {first}\n\n"
             f"{body}\n\n"
             f"**The article's numbers** (`reproduce --json` writes them beside ours):\n\n"
-            f"```json\n{article}\n```\n\n"
+            f"{_article(entry.article)}\n\n"
             f"**Knobs** (`tenantlab reproduce {entry.id}` uses the workshop size, `--full` the "
             f"article's):\n\n{_knobs(entry)}\n")
     return "\n".join(parts).rstrip() + "\n"

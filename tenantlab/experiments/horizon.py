@@ -27,6 +27,7 @@ import pandas as pd
 import psycopg
 
 from .. import db, finding
+from ..errors import TenantlabError
 from ..finding import Result, Verdict, check, knob, plain
 from ..monitor import HOLDER_KINDS, Holder, Monitor
 from ..queries import q
@@ -49,7 +50,7 @@ DESIGNS = ("delete", "done")
 Watch = Callable[[dict[str, Any]], None]
 
 
-class HorizonError(ValueError):
+class HorizonError(TenantlabError, ValueError):
     """Bad parameters for the horizon experiment."""
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 import psycopg
 
 from .. import db, finding, kinds, queue
+from ..errors import TenantlabError
 from ..finding import Result, Verdict, check, knob, plain
 from ..monitor import Monitor
 from ..queries import q
@@ -76,7 +77,7 @@ class Knobs(finding.Knobs):
     variants: tuple[str, ...] = knob(tuple(BY_NAME))
 
 
-class VacuumError(RuntimeError):
+class VacuumError(TenantlabError, RuntimeError):
     """The vacuum experiment could not run as planned."""
 
 
