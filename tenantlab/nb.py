@@ -211,7 +211,10 @@ def run_panel(rows: list[list[Any]], action: Callable[[], Any], label: str = "Ru
             button.disabled = False
 
     button.on_click(clicked)
-    return w.VBox([*(w.HBox(r) for r in rows[:-1]), w.HBox([*rows[-1], button]), out])
+    # Rows wrap rather than overflow a narrow output area.
+    wrap = w.Layout(flex_flow="row wrap")
+    return w.VBox([*(w.HBox(r, layout=wrap) for r in rows[:-1]),
+                   w.HBox([*rows[-1], button], layout=wrap), out])
 
 
 def verdict(ok: bool, expected: str, measured: str) -> str:
@@ -262,14 +265,16 @@ def controls(knobs: Knobs) -> dict[str, Any]:
     """Return one widget per knob that has a range or choices: sliders, checkboxes, dropdowns."""
     import ipywidgets as w
 
-    style = {"description_width": "initial"}
-    layout = w.Layout(width="300px", min_width="240px")
+    # A fixed label column and a fixed width (never shrunk by its row): the track stays about
+    # 190 px whatever the label, and two controls fit a 1280 px screen with the file browser open.
+    style = {"description_width": "170px"}
+    layout = w.Layout(width="400px", flex="0 0 auto")
     out: dict[str, Any] = {}
     for c in knobs.controls():
         value, label = c["value"], c["label"]
         if isinstance(value, bool):
             out[c["name"]] = w.Checkbox(value=value, description=label, style=style,
-                                        layout=w.Layout(width="auto"))
+                                        layout=layout)
         elif c["choices"]:
             out[c["name"]] = w.Dropdown(options=list(c["choices"]), value=value,
                                         description=label, style=style, layout=layout)
@@ -285,7 +290,7 @@ def controls(knobs: Knobs) -> dict[str, Any]:
 
 
 def explorer(finding: str, show_result: Callable[[Result], Any] | None = None,
-             live: Callable[[], Any] | None = None, per_row: int = 3) -> Any:
+             live: Callable[[], Any] | None = None, per_row: int = 2) -> Any:
     """Return the finding's knobs as controls, a Run button, and below it the run's evidence.
 
     The controls come from the finding's ``Knobs``; Run makes one live run with their values

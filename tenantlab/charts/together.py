@@ -9,7 +9,7 @@ import pandas as pd
 
 from .. import nb
 from ..experiments import together
-from . import timeline
+from . import palette, timeline
 
 BAD = ["lost", "executed_twice", "wrong_tenant_rows", "worker_crashes"]
 
@@ -22,20 +22,28 @@ def outcomes(results: dict[str, together.Result]) -> alt.Chart:
             for k in ("done", "dead", *BAD)]
     return alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
         y=alt.Y("what:N", sort=None, title=None), x=alt.X("jobs:Q", title="count"),
-        color=alt.condition(alt.datum.bad, alt.value("#d62728"), alt.value("#4c78a8")),
+        color=alt.condition(alt.datum.bad, alt.value(palette.NAIVE), alt.value(palette.NEUTRAL)),
         row=alt.Row("design:N", title=None, sort=list(together.DESIGNS)),
         tooltip=["design", "what", "jobs"],
     ).properties(width=420, height=130, title="what became of the queue")
 
 
-def fetch_latency(results: dict[str, together.Result]) -> alt.Chart:
-    """Return the probe's fetch time over the run, per design."""
-    rows = [{"design": d, "sample": i, "fetch ms": ms}
-            for d, r in results.items() for i, ms in enumerate(r.fetch_ms)]
-    return alt.Chart(pd.DataFrame(rows)).mark_line().encode(
-        x=alt.X("sample:Q", title="probe (every ~0.25 s)"), y="fetch ms:Q",
-        color=alt.Color("design:N", scale=alt.Scale(domain=list(together.DESIGNS),
-                                                    range=["#d62728", "#2ca02c"])),
+def fetch_latency(results: dict[str, together.Result], window: int = 8) -> alt.Chart:
+    """Return the probe's fetch time over the run, per design: a rolling median, so the trend
+    (the naive queue's held horizon) shows through the spikes of a busy machine."""
+    frames = []
+    for d, r in results.items():
+        ms = pd.Series(r.fetch_ms, dtype=float)
+        frames.append(pd.DataFrame({"design": d, "seconds": ms.index * 0.25,
+                                    "fetch ms (rolling median)":
+                                    ms.rolling(window, min_periods=1).median()}))
+    data = pd.concat(frames) if frames else pd.DataFrame(
+        columns=["design", "seconds", "fetch ms (rolling median)"])
+    return alt.Chart(data).mark_line().encode(
+        x=alt.X("seconds:Q", title="seconds into the run"), y="fetch ms (rolling median):Q",
+        color=alt.Color("design:N", title=None, legend=alt.Legend(orient="bottom"),
+                        scale=alt.Scale(domain=list(together.DESIGNS),
+                                        range=[palette.NAIVE, palette.CORRECTED])),
     ).properties(width=420, height=160, title="fetch time at the head of the queue")
 
 
@@ -49,5 +57,6 @@ def run_live(design: str, mix: together.Mix | None = None) -> together.Result:
         return together.run(design, mix=mix, live=live, progress=step)
 
 
-def show(results: dict[str, Any]) -> alt.HConcatChart:
-    return alt.hconcat(outcomes(results), fetch_latency(results))
+def show(results: dict[str, Any]) -> alt.VConcatChart:
+    """Return the outcomes above the fetch times (stacked: both fit a laptop's output area)."""
+    return alt.vconcat(outcomes(results), fetch_latency(results))
