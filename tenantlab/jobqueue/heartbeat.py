@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from .jobs import Claim, ConfigError
+from .jobs import CONNECT, Claim, ConfigError
 from .queries import q
 
 APP = (__package__ or "jobqueue").split(".")[0]
@@ -177,7 +177,7 @@ class Heartbeats:
                     continue
                 try:
                     if conn is None or conn.closed:
-                        conn = psycopg.connect(self.dsn, autocommit=True,
+                        conn = psycopg.connect(self.dsn, autocommit=True, **CONNECT,
                                                application_name=f"{APP} {self.name} heartbeat")
                         self.connections += 1
                     rows = conn.execute(q("heartbeat_if_owner_many"), {
