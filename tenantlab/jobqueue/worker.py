@@ -171,8 +171,15 @@ class Worker:
         claims = pending or self.queue.claim_many(conn, batch, worker=self.name,
                                                   events=self.events)
         outcomes: list[Outcome] = []
+        n = len(claims)
+        if self.options.batch_commit and claims:
+            try:
+                return self.queue.run_together(
+                    conn, claims, claim_next=lambda: batch if self._goes_on(n) else 0)
+            finally:
+                for c in claims:
+                    self.queue.release(c)
         try:
-            n = len(claims)
             for i, c in enumerate(claims):
                 # The last job's finish claims the next batch in the same commit, unless the
                 # worker will stop (asked at the finish: a signal may come during the work).
