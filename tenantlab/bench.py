@@ -4,7 +4,8 @@
 ``select1`` (the round-trip floor), ``single`` (the naive single transaction, its error
 handler on), ``leased`` (the production worker loop on one connection: durable claim, the
 next claim riding on the finish's commit), ``leased_heartbeat`` (the same, heartbeat every
-10 s), ``leased_batch`` (``--batch 10``), ``leased_run_one`` (claim, execute, finish: two
+10 s), ``leased_batch`` (``--batch 10``), ``leased_batch_commit`` (``--batch 10
+--batch-commit``: one commit per batch), ``leased_run_one`` (claim, execute, finish: two
 commits per job) and ``leased_lossy_claim`` (its claim not flushed); then worker processes
 side by side (``workers_N``), the claim's cost on top of a history of finished jobs, the idle
 latency from enqueue to start (LISTEN/NOTIFY, and poll only), and with ``--peers``
@@ -42,6 +43,8 @@ LOOPS: dict[str, WorkerOptions] = {
     "leased": WorkerOptions(until_empty=True, listen=False),
     "leased_heartbeat": WorkerOptions(until_empty=True, listen=False, heartbeat=10.0),
     "leased_batch": WorkerOptions(until_empty=True, listen=False, batch=10),
+    "leased_batch_commit": WorkerOptions(until_empty=True, listen=False, batch=10,
+                                         batch_commit=True),
 }
 BATCH = 10
 LATENCY_JOBS = 60
@@ -262,6 +265,7 @@ def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int) -> dict[s
         if peer in jps:
             out[f"leased_vs_{peer}"] = jps["leased"] / jps[peer]
             out[f"leased_batch_vs_{peer}"] = jps["leased_batch"] / jps[peer]
+            out[f"leased_batch_commit_vs_{peer}"] = jps["leased_batch_commit"] / jps[peer]
     return {k: round(v, 3) for k, v in out.items()}
 
 

@@ -203,3 +203,35 @@ def test_the_next_claim_rides_on_the_finish_and_a_fenced_finish_takes_it_back(co
     assert (fenced.status, fenced.claimed) == ("fenced", [])
     assert status(conn, third)[:2] == ("queued", 0)  # its claim rolled back with the rest
     assert status(conn, first)[:2] == ("done", 1)
+
+
+def test_a_batch_in_one_commit_still_fences_and_counts_each_job_on_its_own(conn) -> None:
+    ok, poison, taken, last, nxt = (queue.enqueue(conn, "count", tenant=5)
+                                    + queue.enqueue(conn, "fail", tenant=5, max_attempts=1)
+                                    + queue.enqueue(conn, "count", tenant=5, count=3))
+    leased = queue.Leased(lease=30, backoff=0)
+    claims = leased.claim_many(conn, 4)
+    conn.execute("update jobs set attempts = 2 where id = %s", (taken,))  # another attempt owns it
+    outcomes = leased.run_together(conn, claims, claim_next=1)
+    assert [(o.claim.id, o.status) for o in outcomes] == [
+        (ok, "done"), (poison, "dead"), (taken, "fenced"), (last, "done")]
+    assert [o.result for o in outcomes if o.status == "done"] == [20000 // 5] * 2
+    assert [(c.id, c.attempt) for c in outcomes[-1].claimed] == [(nxt, 1)]
+    runs = dict(conn.execute("select job_id, count(*) from job_runs group by job_id").fetchall())
+    # The fenced and the failed executions rolled back to their savepoints, rows and all.
+    assert runs == {ok: 1, last: 1}
+    assert status(conn, poison)[:2] == ("dead", 1) and status(conn, nxt)[:2] == ("running", 1)
+
+
+def test_a_worker_with_batch_commit_runs_everything_to_a_final_state(scratch: db.Scratch,
+                                                                     conn) -> None:
+    from tenantlab import kinds
+    from tenantlab.jobqueue import Worker
+
+    queue.enqueue(conn, "count", count=23)
+    queue.enqueue(conn, "fail", tenant=9)
+    options = WorkerOptions(batch=5, batch_commit=True, until_empty=True, listen=False,
+                            backoff=0, name="batcher")
+    assert Worker(scratch.worker, options, kinds.handlers).run() == 23 + 3
+    states = {(s["kind"], s["status"], s["attempts"]) for s in queue.job_states(conn)}
+    assert states == {("count", "done", 1), ("fail", "dead", 3)}

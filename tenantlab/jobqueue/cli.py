@@ -152,7 +152,7 @@ def run_reaper(dsn: str, config: ReaperConfig, *, max_outage: float | None = Non
             with w.connect(dsn, "reaper") as conn:
                 outage.ok()
                 total += Reaper(conn, config, events).run_forever(stop=lambda: flag.stopped)
-        except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+        except w.LOST as e:
             outage.failed(e)
     return total
 

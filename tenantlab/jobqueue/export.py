@@ -61,8 +61,12 @@ fails the same way, with an error naming the kinds the worker knows.
 
     JOBQUEUE_DSN=postgresql://app_worker@db/app python -m {name} --handlers myapp.jobs
 
-Options: `--lease S`, `--heartbeat S` (< lease) with `--max-runtime S`, `--batch N`,
-`--backoff S`, `--poll S`, `--max-outage S`; `python -m {name} worker --help` lists them.
+Options: `--lease S`, `--heartbeat S` (< lease) with `--max-runtime S`, `--batch N` (claim
+N jobs in one statement) and `--batch-commit` (finish them in one commit, each fenced in a
+savepoint: one fsync per batch, but a crash loses the whole batch's finishes), `--backoff S`,
+`--poll S`, `--max-outage S`; `python -m {name} worker --help` lists them. The claim is
+durable by default; `--lossy-claim` skips its WAL flush and can, if the server crashes right
+after a claim, hand the same attempt number out twice.
 SIGTERM or SIGINT stops a worker after its current job. Exit statuses: 0 stopped, 1 crashed,
 2 bad configuration, 3 lost the server for longer than `--max-outage` (otherwise it
 reconnects forever, with backoff, logging one line per outage).

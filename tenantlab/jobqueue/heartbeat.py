@@ -21,6 +21,7 @@ connection is logged once and reopened at the next beat; the work carries on mea
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from .jobs import Claim, ConfigError
+from .jobs import CONNECT, Claim, ConfigError
 from .queries import q
 
 APP = (__package__ or "jobqueue").split(".")[0]
@@ -114,6 +115,7 @@ class Heartbeats:
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._wake_at = math.inf  # when the waiting thread wakes up anyway (inf: not waiting)
         self.connections = 0  # sessions opened so far (one per burst, not one per job)
 
     def hold(self, claim: Claim) -> Held:
@@ -129,7 +131,10 @@ class Heartbeats:
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name=f"{self.name} heartbeat")
                 self._thread.start()
-            self._wake.notify()
+            elif min(held.next_beat, held.deadline or held.next_beat) < self._wake_at:
+                # Only when this job needs the thread sooner than it wakes anyway: a worker
+                # running short jobs back to back does not wake it once per job.
+                self._wake.notify()
         return held
 
     def release(self, claim: Claim) -> Held | None:
@@ -164,20 +169,20 @@ class Heartbeats:
                         if now - idle_since >= self.linger:
                             self._thread = None  # the next hold starts a new thread
                             return
-                        self._wake.wait(self.linger - (now - idle_since))
+                        self._sleep(self.linger - (now - idle_since))
                         continue
                     idle_since = None
                     wake = min(min(h.next_beat, h.deadline or h.next_beat)
                                for h in self._held.values())
                     if wake > now:
-                        self._wake.wait(wake - now)
+                        self._sleep(wake - now)
                         continue
                     due = self._due(now)
                 if not due:
                     continue
                 try:
                     if conn is None or conn.closed:
-                        conn = psycopg.connect(self.dsn, autocommit=True,
+                        conn = psycopg.connect(self.dsn, autocommit=True, **CONNECT,
                                                application_name=f"{APP} {self.name} heartbeat")
                         self.connections += 1
                     rows = conn.execute(q("heartbeat_if_owner_many"), {
@@ -205,6 +210,14 @@ class Heartbeats:
         finally:
             if conn is not None:
                 conn.close()
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait (the lock held, released while waiting) until woken or `seconds` pass."""
+        self._wake_at = time.monotonic() + seconds
+        try:
+            self._wake.wait(seconds)
+        finally:
+            self._wake_at = math.inf
 
     def _due(self, now: float) -> list[Held]:
         """Abandon the jobs past their maximum runtime; return those whose beat is due (locked)."""

@@ -11,6 +11,11 @@ from typing import Any, Literal, Protocol
 
 Status = Literal["done", "failed", "queued", "dead", "fenced"]
 
+#: Every worker-side connection (worker, heartbeat, reaper): TCP keepalives find a dead peer
+#: (a dropped connection, a failed-over host) in about a minute instead of hours.
+CONNECT: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                           "keepalives_count": 3, "connect_timeout": 10}
+
 
 class JobQueueError(Exception):
     """The root of every error this package raises."""

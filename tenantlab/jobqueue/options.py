@@ -63,6 +63,10 @@ class WorkerOptions:
         parse=seconds("max-runtime"))
     batch: int = option(1, "claim up to N jobs in one statement, each with its own attempt "
                            "and lease, run one after another", parse=count("batch"))
+    batch_commit: bool = option(
+        False, "with --batch: finish the batch's jobs in one commit, each fenced in a savepoint "
+               "of its own: one fsync per batch, but a crash loses the whole batch's finishes "
+               "(its jobs run again, counted)")
     lossy_claim: bool = option(
         False, "commit the claim without waiting for its WAL flush: faster, but a server crash "
                "right after a claim can lose its count (one attempt number handed out twice)")

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import psycopg
 
 from .handlers import Handlers
-from .jobs import Claim, Events, JobQueueError, NullEvents, Outcome
+from .jobs import CONNECT, Claim, Events, JobQueueError, NullEvents, Outcome
 from .leased import Leased
 from .options import WorkerOptions
 from .queries import q
@@ -36,9 +36,9 @@ log = logging.getLogger(APP)
 
 EXIT_STOPPED, EXIT_CRASHED, EXIT_CONFIG, EXIT_SERVER_LOST = 0, 1, 2, 3
 
-#: Worker connections: TCP keepalives find a dead peer in about a minute instead of hours.
-CONNECT: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
-           "keepalives_count": 3, "connect_timeout": 10}
+#: What "the server is gone" looks like: a restart, a dropped connection, or after a failover a
+#: host that is now a read-only standby. The worker reconnects; anything else is a bug.
+LOST = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction)
 
 
 class ServerLost(JobQueueError):
@@ -122,7 +122,7 @@ class Worker:
                         self.outage.ok()
                         if self._serve(conn):
                             break
-                except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+                except LOST as e:
                     if self.stopping:
                         break
                     self.outage.failed(e)
@@ -171,8 +171,15 @@ class Worker:
         claims = pending or self.queue.claim_many(conn, batch, worker=self.name,
                                                   events=self.events)
         outcomes: list[Outcome] = []
+        n = len(claims)
+        if self.options.batch_commit and claims:
+            try:
+                return self.queue.run_together(
+                    conn, claims, claim_next=lambda: batch if self._goes_on(n) else 0)
+            finally:
+                for c in claims:
+                    self.queue.release(c)
         try:
-            n = len(claims)
             for i, c in enumerate(claims):
                 # The last job's finish claims the next batch in the same commit, unless the
                 # worker will stop (asked at the finish: a signal may come during the work).
