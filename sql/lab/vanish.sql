@@ -47,3 +47,7 @@ select count(*) from jobs where finished > to_timestamp(%(since)s::float8);
 select pid from pg_stat_activity
  where application_name = %(name)s and datname = current_database()
  order by backend_start limit 1;
+
+-- Run by the restart experiment: what became of the job claimed right before a restart.
+-- name: restart_job
+select status, attempts from jobs where id = %(id)s;

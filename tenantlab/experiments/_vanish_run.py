@@ -143,7 +143,8 @@ def _watch(run: WorkersRun, mon: monitor.Monitor, a_pid: int | None,
             if blocked is None and now - gone_at > 1.0:
                 blocked = _migration_blocked(run)
             if live is not None:
-                live.update(pd.DataFrame(samples))
+                live.update(timeline(pd.DataFrame(samples), [
+                    {**e, "t": e["t"] - gone_at} for e in eventlog.read(run.path)]))
             time.sleep(0.2)
     return samples, blocked, holder_gone
 
@@ -190,6 +191,47 @@ def _facts(how: str, evs: list[dict[str, Any]], calls: list[dict[str, Any]], run
         "idle_timeout_noticed_s": None if holder_gone is None else round(holder_gone, 2),
         "a_pid": a_pid, "proxied_connections": connections,
     }
-    return {"facts": facts, "samples": pd.DataFrame(samples),
-            "events": [{**e, "t": e["t"] - gone_at} for e in evs],
-            "calls": [{**c, "t": c["t"] - gone_at} for c in calls]}
+    rel = [{**e, "t": e["t"] - gone_at} for e in evs]
+    return {"facts": facts, "samples": pd.DataFrame(samples), "events": rel,
+            "calls": [{**c, "t": c["t"] - gone_at} for c in calls],
+            "timeline": timeline(pd.DataFrame(samples), rel, facts["back_after_s"])}
+
+
+LANES = ("worker A", "server: A's backend", "horizon", "the job's lease", "worker B",
+         "another silent session")
+EVENT_WORDS = {"claim": "claim", "outside": "outside-world call", "finish": "finish",
+               "fenced": "late finish fenced", "lease-lost": "lease lost"}
+
+
+def timeline(samples: pd.DataFrame, events: list[dict[str, Any]],
+             back_after: float | None = None) -> pd.DataFrame:
+    """Return the run as chart rows: lane, start, end, what (segments and events; t=0: A gone)."""
+    rows: list[dict[str, Any]] = []
+    step = 0.2
+    for r in samples.to_dict("records"):
+        t = r["t"]
+        rows.append({"lane": "server: A's backend", "start": t, "end": t + step,
+                     "what": f"A's backend: {r['a_state']}"})
+        rows.append({"lane": "horizon", "start": t, "end": t + step,
+                     "what": "horizon held by A" if r["horizon_holder"] == "A"
+                     else "horizon: not A"})
+        if r["status"] == "done":
+            lease = "job done"
+        elif r["attempts"] == 1:
+            lease = ("lease of attempt 1 (A)" if (r["lease_left"] or 0) > 0
+                     else "lease expired")
+        else:
+            lease = f"lease of attempt {r['attempts']} (B)"
+        rows.append({"lane": "the job's lease", "start": t, "end": t + step, "what": lease})
+        if r.get("holder_state") is not None:
+            rows.append({"lane": "another silent session", "start": t, "end": t + step,
+                         "what": f"other session: {r['holder_state']}"})
+    for e in events:
+        if e["event"] in EVENT_WORDS and e["worker"] in ("A", "B"):
+            rows.append({"lane": f"worker {e['worker']}", "start": e["t"], "end": e["t"],
+                         "what": EVENT_WORDS[e["event"]]})
+    rows.append({"lane": "worker A", "start": 0.0, "end": 0.0, "what": "A vanishes"})
+    if back_after is not None:
+        rows.append({"lane": "worker A", "start": back_after, "end": back_after,
+                     "what": "A is back"})
+    return pd.DataFrame(rows, columns=["lane", "start", "end", "what"])

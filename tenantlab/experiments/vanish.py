@@ -126,6 +126,8 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
     for how in ("proxy", "sigstop"):
         if how in k.parts:
             runs[how] = vanish(how, live=live if how == "proxy" else None, **common)
+            if live is not None and how == "proxy":
+                live.update(runs[how]["timeline"])  # with the events after the network came back
             if progress:
                 progress(1)
     tcp, why_not = None, None

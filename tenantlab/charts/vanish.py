@@ -1,0 +1,112 @@
+"""Charts of notebook 10: the vanished worker's run, live, and the restart's counts.
+
+One lane per thing the server and the workers show, time across (0 = worker A vanishes): A's
+backend as the server sees it, the horizon, the job's lease, worker B, the other silent
+session that ``idle_in_transaction_session_timeout`` ends, and marks for the claims, the
+outside-world calls, the finish and the fenced late finish. Verdicts come from
+``vanish.judge`` and ``restart.judge``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from .. import nb
+from ..experiments._vanish_run import LANES
+from ..finding import Result
+from . import palette
+
+COLOURS = {
+    "A's backend: idle in transaction": palette.NAIVE,
+    "A's backend: active": "#f58518",
+    "A's backend: idle": "#bdbdbd",
+    "A's backend: gone": palette.CORRECTED,
+    "horizon held by A": "#8b0000",
+    "horizon: not A": "#d9d9d9",
+    "lease of attempt 1 (A)": "#9ecae9",
+    "lease expired": "#ff9da6",
+    "lease of attempt 2 (B)": "#4c78a8",
+    "job done": palette.CORRECTED,
+    "other session: idle in transaction": "#e7969c",
+    "other session: gone": "#a1d99b",
+    "claim": "#000000",
+    "outside-world call": "#f58518",
+    "finish": "#4c78a8",
+    "late finish fenced": "#9467bd",
+    "lease lost": "#ff9da6",
+    "A vanishes": "#636363",
+    "A is back": "#636363",
+}
+POINTS = ("claim", "outside-world call", "finish", "late finish fenced", "lease lost",
+          "A vanishes", "A is back")
+
+
+def chart(df: pd.DataFrame, title: str = "worker A vanishes at 0 s") -> alt.TopLevelMixin:
+    """Return the lanes chart of one run's timeline (``_vanish_run.timeline``)."""
+    df = df if len(df) else pd.DataFrame(columns=["lane", "start", "end", "what"])
+    end = max(float(df["end"].max()) if len(df) else 0.0, 1.0) + 0.3
+    lo = min(float(df["start"].min()) if len(df) else 0.0, 0.0) - 0.2
+    x = alt.X("start:Q", title="seconds since worker A vanished",
+              scale=alt.Scale(domain=[lo, end], nice=False))
+    y = alt.Y("lane:N", sort=list(LANES), title=None, scale=alt.Scale(domain=list(LANES)))
+    colour = alt.Color("what:N", title=None,
+                       scale=alt.Scale(domain=list(COLOURS), range=list(COLOURS.values())),
+                       legend=alt.Legend(orient="bottom", columns=3))
+    tip = ["lane:N", "what:N", alt.Tooltip("start:Q", format=".2f", title="at (s)")]
+    base = alt.Chart(df)
+    bars = base.transform_filter(alt.FieldOneOfPredicate(field="what", oneOf=[
+        w for w in COLOURS if w not in POINTS])).mark_bar(height=16).encode(
+        x=x, x2="end:Q", y=y, color=colour, tooltip=tip)
+    marks = base.transform_filter(alt.FieldOneOfPredicate(field="what", oneOf=list(POINTS))
+                                  ).mark_point(size=120, filled=True, opacity=1).encode(
+        x=x, y=y, color=colour, tooltip=tip,
+        shape=alt.Shape("what:N", legend=None, scale=alt.Scale(
+            domain=list(POINTS), range=["triangle-right", "diamond", "circle", "cross",
+                                        "cross", "square", "square"])))
+    return alt.layer(bars, marks).properties(title=title, width=600, height=200)
+
+
+def live(title: str = "worker A vanishes at 0 s") -> nb.LiveChart:
+    """Return a chart that redraws from ``live.update(timeline)`` while the run goes on."""
+    return nb.LiveChart(lambda df: chart(df, title),
+                        pd.DataFrame(columns=["lane", "start", "end", "what"]))
+
+
+def frozen(res: Result) -> Any:
+    """Return the SIGSTOP run's chart (drawn after the run)."""
+    r = res.data.get("sigstop")
+    df = r["timeline"] if r else pd.DataFrame()
+    return chart(df, "worker A frozen (SIGSTOP) at 0 s, continued later")
+
+
+def noticed(res: Result) -> pd.DataFrame:
+    """Return, per setting, when the server (and the worker) noticed, and the defaults' sums."""
+    m = res.measured
+    rows = []
+    for setting, s in m["server_noticed_s"].items():
+        if setting == "kernel defaults":
+            continue
+        rows.append({"setting": setting, "server noticed after (s)": s,
+                     "worker noticed after (s)": m["worker_noticed_s"].get(setting)})
+    for what, s in m["default_extrapolated_s"].items():
+        rows.append({"setting": f"kernel defaults, {what}: computed, not waited for",
+                     "server noticed after (s)": s, "worker noticed after (s)": None})
+    return pd.DataFrame(rows)
+
+
+def explorer() -> Any:
+    """Return sliders for lease, heartbeat, keepalive idle, tcp_user_timeout; Run; the chart."""
+    return nb.explorer("vanish", lambda res: nb.table(noticed(res)), live=lambda: live())
+
+
+def restart_table(res: Result) -> pd.DataFrame:
+    """Return the restart run per design: jobs, lost, finished twice, calls and effects."""
+    assert res.table is not None
+    t = res.table.rename(columns={"effects_with_key": "effects (key deduplicated)",
+                                  "side_effects_repeated": "calls repeated",
+                                  "jobs_called": "jobs called"})
+    return t[["design", "jobs", "done", "lost", "finished_twice", "attempts", "calls",
+              "calls repeated", "effects (key deduplicated)"]]
