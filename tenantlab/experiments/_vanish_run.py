@@ -75,30 +75,31 @@ def vanish(how: str, *, lease: float, heartbeat: float, job: float, vanished_for
             run.until(lambda: _first(eventlog.read(run.path), "A", "execute") is not None, 30)
             a_pid = _backend(run, "A")
             holder = None
-            if how == "proxy":
-                # A second vanished session: the timer inside PostgreSQL that does end it.
-                holder = monitor.Holder(make_conninfo(via, options=None), "xid",
-                                        idle_timeout=idle_timeout).open()
-            time.sleep(0.3)  # A is in its work now
-            if how == "proxy":
-                px.silence(vanished_for + 5)  # resumed below; the bound is for an interrupt
-            else:
-                os.kill(a.pid, signal.SIGSTOP)
-            gone_at = time.time()
-            b = _start(run, run.scratch.worker, env, name="B", **opts)
-            back_at = time.time()
             try:
-                samples, blocked, holder_gone = _watch(run, mon, a_pid, holder, gone_at,
-                                                       vanished_for, live)
+                if how == "proxy":
+                    # A second vanished session: the timer inside PostgreSQL that does end it.
+                    holder = monitor.Holder(make_conninfo(via, options=None), "xid",
+                                            idle_timeout=idle_timeout).open()
+                time.sleep(0.3)  # A is in its work now
+                if how == "proxy":
+                    px.silence(vanished_for + 5)  # resumed below; the bound is for an interrupt
+                else:
+                    os.kill(a.pid, signal.SIGSTOP)
+                gone_at = back_at = time.time()
+                b = _start(run, run.scratch.worker, env, name="B", **opts)
+                try:
+                    samples, blocked, holder_gone = _watch(run, mon, a_pid, holder, gone_at,
+                                                           vanished_for, live)
+                finally:
+                    if how == "sigstop":
+                        os.kill(a.pid, signal.SIGCONT)  # never leave a frozen process behind
+                    px.resume()
+                    back_at = time.time()
+                for proc in (a, b):
+                    run.wait(proc, timeout=job + lease + 30)
             finally:
-                if how == "sigstop":
-                    os.kill(a.pid, signal.SIGCONT)  # never leave a frozen process behind
-                px.resume()
-                back_at = time.time()
-            for proc in (a, b):
-                run.wait(proc, timeout=job + lease + 30)
-            if holder is not None:
-                holder.release()
+                if holder is not None:
+                    holder.release()
         with run.scratch.connect("admin", "vanish result", autocommit=True) as conn:
             runs = conn.execute(q("job_runs_of"), {"id": 1}).fetchall()
             state = queue.job_states(conn)[0]
