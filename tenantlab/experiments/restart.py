@@ -54,9 +54,9 @@ class Knobs(finding.Knobs):
 
     ARTICLE_SETUP: ClassVar[bool] = False
 
-    jobs: int = knob(300, full=2000, lo=50, hi=2000, step=50, label="jobs per queue")
+    jobs: int = knob(200, full=2000, lo=50, hi=2000, step=50, label="jobs per queue")
     workers: int = knob(2, lo=1, hi=4, label="workers per design")
-    job: float = knob(0.02, lo=0.0, hi=0.2, step=0.01, label="work per job (s)")
+    job: float = knob(0.01, lo=0.0, hi=0.2, step=0.01, label="work per job (s)")
     lease: float = knob(2.0, lo=0.5, hi=6.0, step=0.5, label="lease (s)")
     down_for: float = knob(0.5, lo=0.0, hi=5.0, step=0.5, label="server down for (s)")
 
