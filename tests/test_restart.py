@@ -12,11 +12,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from test_vanish import assert_nothing_left
 
 from tenantlab import outside, reproduce
 from tenantlab.events import NullLog
 from tenantlab.experiments import _cluster, restart
-from test_vanish import assert_nothing_left
 
 pytestmark = pytest.mark.slow
 

@@ -121,7 +121,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
     """Run the chosen parts; return what the server kept, who noticed when, what the world saw."""
     k = knobs or Knobs()
     runs: dict[str, dict[str, Any]] = {}
-    common = {"lease": k.lease, "heartbeat": k.heartbeat, "job": k.job,
+    common: dict[str, Any] = {"lease": k.lease, "heartbeat": k.heartbeat, "job": k.job,
               "vanished_for": k.vanished_for, "idle_timeout": k.idle_timeout,
               "keepalive": (k.keepalive_idle, k.keepalive_interval, k.keepalive_count)}
     tcp, why_not, measuring = None, None, None
@@ -147,8 +147,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
             progress(1)
     measured = _measured(k, runs, tcp, why_not)
     table = pd.DataFrame([{"run": how, **r["facts"]} for how, r in runs.items()])
-    data = {how: r for how, r in runs.items()}
-    data["tcp"] = tcp
+    data: dict[str, Any] = {**runs, "tcp": tcp}
     return Result("vanish", k, measured, judge(measured, k), summary=_summary(measured),
                   table=table, data=data)
 
