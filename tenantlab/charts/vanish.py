@@ -15,6 +15,7 @@ import altair as alt
 import pandas as pd
 
 from .. import nb
+from ..experiments import vanish
 from ..experiments._vanish_run import LANES
 from ..finding import Result
 from . import palette
@@ -38,10 +39,10 @@ COLOURS = {
     "late finish fenced": "#9467bd",
     "lease lost": "#ff9da6",
     "A vanishes": "#636363",
-    "A is back": "#636363",
+    "A is back": palette.CORRECTED,
 }
-POINTS = ("claim", "outside-world call", "finish", "late finish fenced", "lease lost",
-          "A vanishes", "A is back")
+POINTS = ("claim", "finish", "late finish fenced", "lease lost")
+RULES = ("A vanishes", "A is back")
 
 
 def chart(df: pd.DataFrame, title: str = "worker A vanishes at 0 s") -> alt.TopLevelMixin:
@@ -57,16 +58,22 @@ def chart(df: pd.DataFrame, title: str = "worker A vanishes at 0 s") -> alt.TopL
                        legend=alt.Legend(orient="bottom", columns=3))
     tip = ["lane:N", "what:N", alt.Tooltip("start:Q", format=".2f", title="at (s)")]
     base = alt.Chart(df)
-    bars = base.transform_filter(alt.FieldOneOfPredicate(field="what", oneOf=[
-        w for w in COLOURS if w not in POINTS])).mark_bar(height=16).encode(
-        x=x, x2="end:Q", y=y, color=colour, tooltip=tip)
-    marks = base.transform_filter(alt.FieldOneOfPredicate(field="what", oneOf=list(POINTS))
-                                  ).mark_point(size=120, filled=True, opacity=1).encode(
+    def only(*names: str) -> alt.Chart:
+        return base.transform_filter(alt.FieldOneOfPredicate(field="what", oneOf=list(names)))
+
+    bars = only(*[w for w in COLOURS if w not in (*POINTS, *RULES, "outside-world call")]
+                ).mark_bar(height=16).encode(x=x, x2="end:Q", y=y, color=colour, tooltip=tip)
+    marks = only(*POINTS).mark_point(size=120, filled=True, opacity=1).encode(
         x=x, y=y, color=colour, tooltip=tip,
         shape=alt.Shape("what:N", legend=None, scale=alt.Scale(
-            domain=list(POINTS), range=["triangle-right", "diamond", "circle", "cross",
-                                        "cross", "square", "square"])))
-    return alt.layer(bars, marks).properties(title=title, width=600, height=200)
+            domain=list(POINTS), range=["triangle-right", "circle", "cross", "cross"])))
+    # Above its lane, so that a finish at the same moment does not hide the call.
+    calls = only("outside-world call").mark_point(
+        shape="diamond", size=130, filled=True, opacity=1, yOffset=-12).encode(
+        x=x, y=y, color=colour, tooltip=tip)
+    rules = only(*RULES).mark_rule(strokeDash=[4, 3], size=1.5).encode(
+        x=x, color=colour, tooltip=tip)
+    return alt.layer(bars, rules, marks, calls).properties(title=title, width=600, height=220)
 
 
 def live(title: str = "worker A vanishes at 0 s") -> nb.LiveChart:
@@ -85,15 +92,31 @@ def frozen(res: Result) -> Any:
 def noticed(res: Result) -> pd.DataFrame:
     """Return, per setting, when the server (and the worker) noticed, and the defaults' sums."""
     m = res.measured
+    dropped = str(m["packets_dropped"]).startswith("measured")
+    waited = m.get("tcp_waited_s")
+
+    def text(setting: str, value: float | None, measured_here: bool) -> str:
+        if value is not None:
+            return f"{value:.2f} s"
+        if not measured_here:
+            return "not measured here"
+        return f"not noticed ({waited:g} s watched)" if waited else "not noticed"
+
     rows = []
     for setting, s in m["server_noticed_s"].items():
         if setting == "kernel defaults":
             continue
-        rows.append({"setting": setting, "server noticed after (s)": s,
-                     "worker noticed after (s)": m["worker_noticed_s"].get(setting)})
+        tcp = setting != vanish.IDLE_TIMEOUT
+        client = m["worker_noticed_s"].get(setting)
+        rows.append({"setting": setting,
+                     "server noticed after": text(setting, s, dropped or not tcp),
+                     "worker noticed after": text(setting, client, dropped)
+                     if "client" in setting else ""})
     for what, s in m["default_extrapolated_s"].items():
-        rows.append({"setting": f"kernel defaults, {what}: computed, not waited for",
-                     "server noticed after (s)": s, "worker noticed after (s)": None})
+        rows.append({"setting": f"kernel defaults, {what}",
+                     "server noticed after": "unknown" if s is None else
+                     f"{s:,.0f} s = {s / 60:,.0f} min (computed, not waited for)",
+                     "worker noticed after": ""})
     return pd.DataFrame(rows)
 
 

@@ -208,9 +208,11 @@ def timeline(samples: pd.DataFrame, events: list[dict[str, Any]],
              back_after: float | None = None) -> pd.DataFrame:
     """Return the run as chart rows: lane, start, end, what (segments and events; t=0: A gone)."""
     rows: list[dict[str, Any]] = []
-    step = 0.2
-    for r in samples.to_dict("records"):
+    records = samples.to_dict("records")
+    for i, r in enumerate(records):
+        # Each sample holds until the next one (the last for the sampling step).
         t = r["t"]
+        step = (records[i + 1]["t"] - t) if i + 1 < len(records) else 0.2
         rows.append({"lane": "server: A's backend", "start": t, "end": t + step,
                      "what": f"A's backend: {r['a_state']}"})
         rows.append({"lane": "horizon", "start": t, "end": t + step,
