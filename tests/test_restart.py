@@ -60,7 +60,7 @@ def test_an_interrupted_restart_run_removes_its_cluster(admin_dsn: str) -> None:
     with pytest.raises(KeyboardInterrupt):
         restart.run(restart.Knobs.of(jobs=100), progress=stop)
     assert_nothing_left(admin_dsn)
-    assert not any(p.name.startswith(_cluster.PREFIX) for p in Path("/tmp").iterdir())
+    assert _cluster.leftovers() == []
 
 
 def test_reproduce_keys_for_vanish_and_restart_without_running() -> None:

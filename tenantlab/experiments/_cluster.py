@@ -102,7 +102,7 @@ def cluster(label: str, listen: str = "") -> Iterator[Cluster]:
     """
     if why := available():
         raise ClusterError(f"no throwaway cluster for {label}: {why}")
-    home = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{label}-", dir="/tmp"))
+    home = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{label}-", dir="/tmp"))
     home.chmod(0o755)  # the server user (when we are root) must enter it
     server = Server(home, listen=",".join(["127.0.0.1", *filter(None, [listen])]))
     port = free_port()
@@ -140,6 +140,6 @@ def _kill(server: Server) -> None:
         pass
 
 
-def leftovers() -> list[Path]:
-    """Return throwaway cluster directories still on disk (none, normally)."""
-    return sorted(Path("/tmp").glob(f"{PREFIX}*"))
+def leftovers(pid: int | None = None) -> list[Path]:
+    """Return the throwaway cluster directories a process (default: this one) left on disk."""
+    return sorted(Path("/tmp").glob(f"{PREFIX}{pid or os.getpid()}-*"))

@@ -94,7 +94,7 @@ def link(label: str = "") -> Iterator[Link]:
     """Make a namespace and a veth pair to it; delete both on the way out."""
     if why := available():
         raise NetnsError(why)
-    tag = f"{os.getpid() % 100000}"
+    tag = _tag(os.getpid())
     ns, host_if = f"{PREFIX}{tag}", f"tlv{tag}h"
     third = _free_subnet()
     host_addr, peer_addr = f"169.254.{third}.1", f"169.254.{third}.2"
@@ -112,12 +112,19 @@ def link(label: str = "") -> Iterator[Link]:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def leftovers() -> list[str]:
-    """Return this kit's namespaces still there (none, normally)."""
+def _tag(pid: int) -> str:
+    return f"{pid % 100000}"  # interface names: at most 15 characters
+
+
+def leftovers(pid: int | None = None) -> list[str]:
+    """Return the namespaces a process (default: this one) left behind (none, normally)."""
     if available():
         return []
+    tag = _tag(pid or os.getpid())
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+    left = [line.split()[0] for line in out.splitlines() if line.split()[0] == f"{PREFIX}{tag}"]
+    link = subprocess.run(["ip", "link", "show", f"tlv{tag}h"], capture_output=True)
+    return left + ([f"tlv{tag}h"] if link.returncode == 0 else [])
 
 
 # -- the probe, inside the namespace ---------------------------------------------------------------
