@@ -66,8 +66,12 @@ def vanish(how: str, *, lease: float, heartbeat: float, job: float, vanished_for
         env = {OUTSIDE: str(outside_file)}
         with run.scratch.connect("worker", "vanish enqueue", autocommit=True) as conn:
             queue.enqueue(conn, "outside", tenant=TENANT, seconds=job, max_attempts=3)
-        port = int(str(psycopg.conninfo.conninfo_to_dict(run.scratch.worker).get("port", 5432)))
-        with Proxy(port, max_silence=vanished_for + 30, lifetime=vanished_for + 120) as px, \
+        where = psycopg.conninfo.conninfo_to_dict(run.scratch.worker)
+        port = int(str(where.get("port") or 5432))
+        host = str(where.get("host") or "127.0.0.1")  # a compose service name works too
+        upstream = "127.0.0.1" if host.startswith("/") else host
+        with Proxy(port, upstream, max_silence=vanished_for + 30,
+                   lifetime=vanished_for + 120) as px, \
                 monitor.Monitor(run.scratch.admin) as mon:
             via = make_conninfo(run.scratch.worker, host="127.0.0.1", port=px.port,
                                 options=server_ka) if how == "proxy" else run.scratch.worker

@@ -42,6 +42,8 @@ ARTICLE: dict[str, Any] = {
 }
 
 PARTS = ("proxy", "sigstop", "tcp")
+#: The tcp part's settings, by name (the keys of ``server_noticed_s``), in _tcp.probes' order.
+PROBES = tuple(p.setting for p in _tcp.probes(1, 1, 1, 1.0))
 IDLE_TIMEOUT = "idle_in_transaction_session_timeout"
 
 #: The settings that bound a vanished worker: where each is set, what it bounds, what the kit
@@ -253,19 +255,18 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
                                else "")))
     if str(measured.get("packets_dropped", "")).startswith("measured"):
         ka, ut = s.get("keepalive", k.keepalive_s()), s.get("user_timeout", k.user_timeout)
-        keys = list(noticed)
+        server_ka, in_flight, idle_ut, client_ka, client_ut = (
+            noticed.get(name) for name in PROBES)
+        client = client_ka is None and client_ut is None
         checks += [
-            check("server keepalives (packets dropped)",
-                  _within(noticed[keys[0]], ka + 1.5), f"within {ka:g} s",
-                  _secs(noticed[keys[0]])),
-            check("tcp_user_timeout, a result in flight", _within(noticed[keys[1]], ut + 1.5),
-                  f"within {ut:g} s", _secs(noticed[keys[1]])),
-            check("tcp_user_timeout alone, idle backend", noticed[keys[2]] is None,
-                  "not noticed (no data in flight)", _secs(noticed[keys[2]])),
-            check("client-side settings tell the server", noticed[keys[3]] is None
-                  and noticed[keys[4]] is None, "nothing (the worker notices)",
-                  "nothing" if noticed[keys[3]] is None and noticed[keys[4]] is None
-                  else "noticed"),
+            check("server keepalives (packets dropped)", _within(server_ka, ka + 1.5),
+                  f"within {ka:g} s", _secs(server_ka)),
+            check("tcp_user_timeout, a result in flight", _within(in_flight, ut + 1.5),
+                  f"within {ut:g} s", _secs(in_flight)),
+            check("tcp_user_timeout alone, idle backend", idle_ut is None,
+                  "not noticed (no data in flight)", _secs(idle_ut)),
+            check("client-side settings tell the server", client,
+                  "nothing (the worker notices)", "nothing" if client else "noticed"),
         ]
     else:
         checks.append(check("packets dropped for real", False, "a network namespace (root)",
