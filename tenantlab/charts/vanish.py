@@ -82,6 +82,50 @@ def live(title: str = "worker A vanishes at 0 s") -> nb.LiveChart:
                         pd.DataFrame(columns=["lane", "start", "end", "what"]))
 
 
+KEPT = {  # fact -> how the table names it
+    "backend_state": "A's backend, as the server sees it",
+    "held_locks": "holds its locks",
+    "held_xid": "holds its xid",
+    "horizon_held": "holds the horizon (the oldest holder)",
+    "migration_blocked": "a migration's lock on job_runs waits",
+    "server_noticed": "the server noticed A was gone",
+    "taken_over_after_s": "B took the job over after (s)",
+    "owner_completed_after_s": "B completed it after (s)",
+    "late_finish_fenced": "A's late finish fenced",
+    "outside_executions": "calls the outside world saw",
+    "late_call_after_owner_s": "A's outside call, against B's completion",
+    "back_after_s": "A back after (s)",
+}
+RUNS = {"proxy": "network silent (proxy)", "sigstop": "process frozen (SIGSTOP)"}
+
+
+def kept(res: Result) -> pd.DataFrame:
+    """Return what the server kept and what happened, one row per fact, one column per run."""
+    assert res.table is not None
+    t = res.table.set_index("run")
+    return pd.DataFrame({"": list(KEPT.values()), **{
+        RUNS[r]: [_when(t.loc[r, f]) if f == "late_call_after_owner_s" else _word(t.loc[r, f])
+                  for f in KEPT] for r in t.index}})
+
+
+def _when(value: Any) -> str:
+    if value is None or pd.isna(value):
+        return "—"
+    return f"{abs(value):.2f} s {'after' if value > 0 else 'before'}"
+
+
+def _word(value: Any) -> str:
+    if hasattr(value, "item") and not isinstance(value, str):
+        value = value.item()  # numpy scalars from the table
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
 def frozen(res: Result) -> Any:
     """Return the SIGSTOP run's chart (drawn after the run)."""
     r = res.data.get("sigstop")
