@@ -133,9 +133,20 @@ class Interrupt:
 
 
 def test_an_interrupted_run_leaves_nothing_behind(admin_dsn: str) -> None:
+    # The tcp part runs beside the proxy run: its namespace and cluster go too.
     with pytest.raises(KeyboardInterrupt):
-        vanish.run(vanish.Knobs.of(parts=("proxy",)), live=Interrupt(5))
+        vanish.run(vanish.Knobs.of(parts=("proxy", "tcp")), live=Interrupt(5))
     assert_nothing_left(admin_dsn)
+
+
+def test_no_namespace_here_means_not_measured_never_made_up(monkeypatch) -> None:
+    monkeypatch.setattr(_netns, "available", lambda: "making a network namespace needs root")
+    res = vanish.run(vanish.Knobs.of(parts=("tcp",)))
+    m = res.measured
+    assert m["packets_dropped"] == "not measured here: making a network namespace needs root"
+    assert all(v is None for k, v in m["server_noticed_s"].items())
+    assert m["default_extrapolated_s"]["idle in transaction (kernel keepalive defaults)"] > 0
+    assert not res.verdict.valid  # says so: a check fails, naming why
 
 
 @pytest.mark.notebook

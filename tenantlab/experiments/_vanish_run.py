@@ -99,8 +99,10 @@ def vanish(how: str, *, lease: float, heartbeat: float, job: float, vanished_for
                         os.kill(a.pid, signal.SIGCONT)  # never leave a frozen process behind
                     px.resume()
                     back_at = time.time()
-                for proc in (a, b):
-                    run.wait(proc, timeout=job + lease + 30)
+                run.wait(a, timeout=job + lease + 30)
+                # B may never have got the job (A came back within its lease): stop it then.
+                run.until(lambda: b.poll() is not None or _done(run), job + lease + 30)
+                run.stop(b)
             finally:
                 if holder is not None:
                     holder.release()
@@ -111,6 +113,11 @@ def vanish(how: str, *, lease: float, heartbeat: float, job: float, vanished_for
         calls = outside.read(outside_file)
     return _facts(how, evs, calls, runs, state, samples, blocked, gone_at, back_at, a_pid,
                   holder_gone, px.connections)
+
+
+def _done(run: WorkersRun) -> bool:
+    with run.scratch.connect("admin", "vanish done", autocommit=True) as conn:
+        return bool(queue.job_states(conn)[0]["status"] == "done")
 
 
 def _backend(run: WorkersRun, worker: str) -> int | None:
