@@ -236,7 +236,8 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
         want = 2 if takeover else 1
         checks.append(check("the outside world saw", measured["outside_executions"] == want,
                             f"{want} call{'s' * (want > 1)}",
-                            f"{measured['outside_executions']} calls"))
+                            f"{measured['outside_executions']} call"
+                            f"{'s' * (measured['outside_executions'] != 1)}"))
         if takeover:
             checks.append(check("the late finish is fenced", measured["late_finish_fenced"],
                                 True, measured["late_finish_fenced"]))
