@@ -18,7 +18,7 @@ from .. import nb
 from ..experiments import vanish
 from ..experiments._vanish_run import LANES
 from ..finding import Result
-from . import palette
+from . import common, palette
 
 COLOURS = {
     "A's backend: idle in transaction": palette.NAIVE,
@@ -162,6 +162,15 @@ def noticed(res: Result) -> pd.DataFrame:
                      f"{s:,.0f} s = {s / 60:,.0f} min (computed, not waited for)",
                      "worker noticed after": ""})
     return pd.DataFrame(rows)
+
+
+def report_chart(m: dict[str, Any]) -> alt.Chart:
+    """Return the report page's chart: seconds until the server noticed, per setting."""
+    rows = [{"setting": k, "seconds": v} for k, v in m["server_noticed_s"].items()
+            if v is not None]
+    return alt.Chart(pd.DataFrame(rows, columns=["setting", "seconds"])).mark_bar().encode(
+        y=alt.Y("setting:N", title=None), x=alt.X("seconds:Q", title="server noticed after (s)"),
+        tooltip=["setting", "seconds"]).properties(width=common.WIDTH, height=90)
 
 
 def explorer() -> Any:
