@@ -46,6 +46,11 @@ PARTS = ("proxy", "sigstop", "tcp")
 PROBES = tuple(p.setting for p in _tcp.probes(1, 1, 1, 1.0))
 IDLE_TIMEOUT = "idle_in_transaction_session_timeout"
 NOT_RUN = "the tcp part was not run"
+#: Seconds a timer may act after its setting (sampling every 0.1-0.2 s, a busy machine).
+SLACK = 2.0
+#: The checks that compare a time with a setting (the tests assert behaviour, not these).
+TIMED = ("server keepalives (packets dropped)", "tcp_user_timeout, a result in flight",
+         IDLE_TIMEOUT)
 
 #: The settings that bound a vanished worker: where each is set, what it bounds, what the kit
 #: recommends (tenantlab/jobqueue: the worker's connection and the role's settings).
@@ -245,7 +250,7 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
     iit = s.get("idle_timeout", k.idle_timeout)
     if IDLE_TIMEOUT in noticed and "proxy" in measured:
         got = noticed[IDLE_TIMEOUT]
-        checks.append(check(IDLE_TIMEOUT, got is not None and got <= iit + 1.0,
+        checks.append(check(IDLE_TIMEOUT, _within(got, iit + SLACK),
                             f"ends it within {iit:g} s", _secs(got)))
         through = measured["proxy"]["server_noticed_through_proxy"]
         checks.append(check("keepalives through a silent proxy", not through,
@@ -268,9 +273,9 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
             noticed.get(name) for name in PROBES)
         client = client_ka is None and client_ut is None
         checks += [
-            check("server keepalives (packets dropped)", _within(server_ka, ka + 1.5),
+            check("server keepalives (packets dropped)", _within(server_ka, ka + SLACK),
                   f"within {ka:g} s", _secs(server_ka)),
-            check("tcp_user_timeout, a result in flight", _within(in_flight, ut + 1.5),
+            check("tcp_user_timeout, a result in flight", _within(in_flight, ut + SLACK),
                   f"within {ut:g} s", _secs(in_flight)),
             check("tcp_user_timeout alone, idle backend", idle_ut is None,
                   "not noticed (no data in flight)", _secs(idle_ut)),
