@@ -1,7 +1,8 @@
 """The demo job kinds, registered as handlers of the production worker: ``kinds.handlers``.
 
-count, sleep, fail, crash, noop, outside (tenantlab/outside.py). Each runs inside the work's
-transaction, with the tenant already set locally and the ``job_runs`` row already written;
+count, sleep, fail, crash, noop, outside and outside_once (tenantlab/outside.py). Each runs
+inside the work's transaction, with the tenant already set locally and the ``job_runs`` row
+already written;
 ``job.events`` is the worker's event log. Add a kind with ``@handlers.register("name")``.
 """
 
@@ -15,11 +16,12 @@ import psycopg
 
 from .jobqueue import Claim, Handlers, UnknownKind
 from .outside import call as outside
+from .outside import call_once as outside_once
 from .queries import q
 from .tenant import count_invoices
 
-__all__ = ["KINDS", "UnknownKind", "count", "crash", "fail", "handlers", "noop", "outside", "run",
-           "seconds"]
+__all__ = ["KINDS", "UnknownKind", "count", "crash", "fail", "handlers", "noop", "outside",
+           "outside_once", "run", "seconds"]
 
 handlers = Handlers()
 
@@ -62,6 +64,7 @@ def noop(conn: psycopg.Connection, job: Claim) -> None:
 
 
 handlers.add("outside", outside)
+handlers.add("outside_once", outside_once)
 
 #: The kinds by name (a read-only view of ``handlers``).
 KINDS = handlers

@@ -10,6 +10,10 @@ Configured from the environment, like a real outside world the worker cannot see
 - ``TENANTLAB_OUTSIDE``: the file (default: ``tenantlab-outside.jsonl`` in the temp directory);
 - ``TENANTLAB_OUTSIDE_HANG``: seconds the call hangs on a job's *first* attempt before it goes
   through (default 0): a stuck-but-alive worker. A retry finds the outside world answering.
+
+Job kind ``outside_once`` makes the same call with an **idempotency key**, the job id: the
+outside world takes effect once per key, as a payment API with an ``Idempotency-Key`` header
+does, and records every call, with whether it took effect (finding ``restart``).
 """
 
 from __future__ import annotations
@@ -65,6 +69,32 @@ def call(conn: psycopg.Connection, claim: Claim) -> None:
     finally:
         os.close(fd)
     events.emit("outside", job=claim.id, attempt=claim.attempt)
+
+
+def call_once(conn: psycopg.Connection, claim: Claim) -> None:
+    """Work for the job's seconds, then call the outside world with the job id as the key."""
+    time.sleep(float(claim.payload.get("seconds") or 0))
+    key = f"job-{claim.id}"
+    # The outside world's own dedupe: the first call with a key creates its marker, atomically
+    # across processes (O_EXCL); a repeated call finds it and changes nothing.
+    keys = path().with_name(path().name + ".keys")
+    keys.mkdir(exist_ok=True)
+    try:
+        os.close(os.open(keys / key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        effect = True
+    except FileExistsError:
+        effect = False
+    _append({"t": time.time(), "job": claim.id, "attempt": claim.attempt, "worker": claim.worker,
+             "pid": os.getpid(), "key": key, "effect": effect})
+    claim.events.emit("outside", job=claim.id, attempt=claim.attempt, key=key, effect=effect)
+
+
+def _append(record: dict[str, Any]) -> None:
+    fd = os.open(path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())  # one write: workers append at once
+    finally:
+        os.close(fd)
 
 
 def read(file: str | Path) -> list[dict[str, Any]]:

@@ -78,9 +78,10 @@ def _major(version_text: str) -> int:
 
 @dataclass
 class Server:
-    """The embedded server in one state directory."""
+    """The embedded server in one state directory (``listen``: its TCP addresses)."""
 
     home: Path
+    listen: str = "127.0.0.1"
 
     @property
     def data(self) -> Path:
@@ -249,7 +250,7 @@ class Server:
         if not version_file.exists():
             self._initdb(bins, user)
         self.port_file.write_text(f"{port}\n")
-        opts = (f"-c port={port} -c listen_addresses=127.0.0.1 "
+        opts = (f"-c port={port} -c listen_addresses={self.listen} "
                 f"-c unix_socket_directories={self.run_dir}")
         started = self._run([str(bins / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(self.data),
                              "-l", str(self.logfile), "-o", opts], user, check=False)

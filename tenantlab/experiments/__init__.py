@@ -59,6 +59,8 @@ REGISTRY: dict[str, Entry] = {e.id: e for e in (
     Entry("vacuum", "vacuum", "06-long-transactions-and-vacuum.ipynb"),
     Entry("horizon", "horizon", "07-the-horizon-and-a-slow-queue.ipynb"),
     Entry("rls-jobs", "rls_jobs", "08-rls-on-the-jobs-table.ipynb"),
+    Entry("vanish", "vanish", "10-a-worker-vanishes.ipynb"),
+    Entry("restart", "restart", "10-a-worker-vanishes.ipynb"),
     Entry("pgbouncer", "pgbouncer", "12-pgbouncer-transaction-mode.ipynb"),
 )}
 
