@@ -58,6 +58,8 @@ REGISTRY: dict[str, Entry] = {e.id: e for e in (
     Entry("vacuum", "vacuum", "06-long-transactions-and-vacuum.ipynb"),
     Entry("horizon", "horizon", "07-the-horizon-and-a-slow-queue.ipynb"),
     Entry("rls-jobs", "rls_jobs", "08-rls-on-the-jobs-table.ipynb"),
+    Entry("workers", "workers", "11-the-noisy-neighbour.ipynb"),
+    Entry("noisy-neighbour", "noisy_neighbour", "11-the-noisy-neighbour.ipynb"),
     Entry("pgbouncer", "pgbouncer", "12-pgbouncer-transaction-mode.ipynb"),
 )}
 

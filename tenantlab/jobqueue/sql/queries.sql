@@ -232,11 +232,20 @@ with recursive tenants as (
           order by id limit 1
           for update skip locked) as job
    limit %(batch)s
-), turn as (
-  -- In tenant order: two claims that move the same turns lock them in the same order.
+), moved as (
+  -- Skip locked: a turn locked now is being moved by a claim that serves the same tenant at
+  -- this moment. Waiting for it would line every worker up behind one busy tenant's turn.
+  update tenant_turns set last_served = clock_timestamp()
+   where tenant_id in (select tenant_id from tenant_turns
+                        where tenant_id in (select tenant_id from picked)
+                        for no key update skip locked)
+), first_turn as (
+  -- Only tenants without a turn yet (in this snapshot): an existing turn is never waited on.
   insert into tenant_turns (tenant_id, last_served)
-  select tenant_id, clock_timestamp() from picked order by tenant_id
-  on conflict (tenant_id) do update set last_served = excluded.last_served
+  select tenant_id, clock_timestamp() from picked
+   where not exists (select from tenant_turns t where t.tenant_id = picked.tenant_id)
+   order by tenant_id
+  on conflict (tenant_id) do nothing
 )
 update jobs
    set status = 'running', attempts = attempts + 1,
