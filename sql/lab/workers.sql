@@ -61,3 +61,15 @@ select j.id, j.tenant_id, j.status,
        coalesce(runs.runs, 0) as runs
   from jobs j left join runs on runs.job_id = j.id
  order by j.id;
+
+-- Run by the workers experiment's processes (experiments/_claimers.py): wait for the rounds.
+-- name: claimers_listen
+listen tenantlab_claimers;
+
+-- Run by the workers experiment as admin: start a round (`go ROUND WORKERS CLAIM`) or `stop`.
+-- name: claimers_notify
+select pg_notify('tenantlab_claimers', %(payload)s);
+
+-- Run by a claimer process when a round starts and ends: the sampler watches only the active.
+-- name: claimer_name
+select set_config('application_name', %(name)s, false);
