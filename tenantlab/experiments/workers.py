@@ -117,7 +117,7 @@ def one_round(s: db.Scratch, path: Path, n: int, workers: int, claim: str, jobs:
             time.sleep(interval)
         cpu1 = cpu_times()
         runs = admin.execute(q("run_counts")).fetchone()
-        states = dict(admin.execute(q("job_counts")).fetchall())
+        states: dict[str, int] = dict(admin.execute(q("job_counts")).fetchall())
     claim_ms = pd.Series([ms for e in done for ms in e["claim_ms"]], dtype=float)
     span = max(e["last"] for e in done) - min(e["first"] for e in done)
     total = sum(seen.values()) or 1
