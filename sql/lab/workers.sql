@@ -20,10 +20,14 @@ update jobs
 returning id, tenant_id, attempts as attempt, kind, payload;
 
 -- Run by the workers experiment as admin every few milliseconds: what the workers' server
--- sessions are doing now. `Lock` = queued on another session's row lock; `CPU` = running,
--- waiting on nothing; `Client` = waiting for the worker process; `IO`/`LWLock` = the server.
+-- sessions are doing now. `RowLock` = queued behind another transaction's row lock; `Lock` =
+-- another heavyweight lock (extending a table, say); `CPU` = running, waiting on nothing;
+-- `Client` = waiting for the worker process; `IO` (the WAL flush at commit), `LWLock` = the server.
 -- name: worker_sessions
-select coalesce(wait_event_type, case when state = 'active' then 'CPU' else 'idle' end) as what,
+select case when wait_event_type = 'Lock' and wait_event in ('transactionid', 'tuple')
+            then 'RowLock'
+            else coalesce(wait_event_type, case when state = 'active' then 'CPU' else 'idle' end)
+       end as what,
        count(*) as sessions
   from pg_stat_activity
  where datname = current_database() and application_name like %(like)s

@@ -6,7 +6,7 @@ contrast, the lab's plain ``FOR UPDATE`` claim. Measured per round: jobs/s (firs
 finish), each claim's latency (timed in the worker), executions per job (``job_runs``: a
 duplicate would show), the machine's CPU use (``/proc/stat``), and what the workers' server
 sessions were doing, sampled from ``pg_stat_activity`` every few milliseconds: on the CPU,
-waiting on a row lock (``Lock``), on the server (``LWLock``, ``IO``) or on the worker process
+waiting on a row lock (``RowLock``), on the server (``LWLock``, ``IO``) or on the worker process
 (``Client``). Where the curve bends and why comes from those samples.
 """
 
@@ -133,8 +133,8 @@ def one_round(s: db.Scratch, path: Path, n: int, workers: int, claim: str, jobs:
         "claim_ms_max": round(float(claim_ms.max()), 3),
         # Shares of the workers' session time, from the samples.
         **{f"share_{k.lower()}": round(seen[k] / total, 3)
-           for k in ("CPU", "Lock", "Client", "LWLock", "IO")},
-        "lock_wait_s": round(seen["Lock"] * span / max(samples, 1), 3),
+           for k in ("CPU", "RowLock", "Lock", "Client", "LWLock", "IO")},
+        "lock_wait_s": round(seen["RowLock"] * span / max(samples, 1), 3),
         "machine_cpu_busy": round(busy, 3) if busy is not None else None,
         "worker_cpu_s": round(sum(e["cpu_s"] for e in done), 3),
         "seconds": round(span, 3),
@@ -191,7 +191,9 @@ def _measured(table: pd.DataFrame, k: Knobs) -> dict[str, Any]:
         "done": by_count(skip, "done"),
         "claim_ms_p50": by_count(skip, "claim_ms_p50"),
         "claim_ms_p95": by_count(skip, "claim_ms_p95"),
-        "lock_wait_share": by_count(skip, "share_lock"),
+        "lock_wait_share": by_count(skip, "share_rowlock"),
+        "io_share": by_count(skip, "share_io"),
+        "lwlock_share": by_count(skip, "share_lwlock"),
         "cpu_share": by_count(skip, "share_cpu"),
         "client_share": by_count(skip, "share_client"),
         "machine_cpu_busy": by_count(skip, "machine_cpu_busy"),
@@ -202,7 +204,7 @@ def _measured(table: pd.DataFrame, k: Knobs) -> dict[str, Any]:
     if len(p):
         out["plain_for_update"] = {
             "jobs_per_s": by_count(p, "jobs_per_s"), "claim_ms_p95": by_count(p, "claim_ms_p95"),
-            "lock_wait_share": by_count(p, "share_lock"), "lock_wait_s": by_count(p, "lock_wait_s"),
+            "lock_wait_share": by_count(p, "share_rowlock"), "lock_wait_s": by_count(p, "lock_wait_s"),
             "done": by_count(p, "done"), "duplicates": int(p["duplicates"].sum()),
         }
     return out
@@ -218,7 +220,7 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
               measured["duplicates"] == 0 and all(d == jobs for d in done.values()),
               f"{jobs:,} of {jobs:,} each round, 0 twice",
               f"{min(done.values()):,} of {jobs:,} at worst, {measured['duplicates']} twice"),
-        check("SKIP LOCKED: no lock waits", max(waits.values()) < 0.01,
+        check("SKIP LOCKED: no row-lock waits", max(waits.values()) < 0.01,
               "under 1% of the workers' session time, at every count",
               ", ".join(f"{w}: {s:.1%}" for w, s in waits.items())),
         check("jobs/s bends", measured["bends_after"] is not None,
@@ -232,7 +234,7 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
             "plain FOR UPDATE: a lock queue",
             p["lock_wait_share"][top] > max(0.01, waits[top]),
             f"the workers wait on a row lock at {top} workers",
-            f"{p['lock_wait_share'][top]:.0%} of session time in Lock at {top} workers "
+            f"{p['lock_wait_share'][top]:.0%} of session time on row locks at {top} workers "
             f"(SKIP LOCKED {waits[top]:.0%}); claim p95 {p['claim_ms_p95'][top]:.3g} ms vs "
             f"{measured['claim_ms_p95'][top]:.3g} ms; {p['jobs_per_s'][top]:g} jobs/s vs "
             f"{rates[top]:g}"))
