@@ -17,6 +17,7 @@ from psycopg.conninfo import conninfo_to_dict
 from . import db, pgbouncer, reproduce, settings
 from .errors import TenantlabError
 from .experiments import FINDINGS
+from .jobqueue.jobs import JobQueueError
 from .server import REPO, ServerError, alive, embedded, port_free
 
 log = logging.getLogger("tenantlab")
@@ -269,13 +270,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def explain(e: BaseException) -> str | None:
     """Return one or two lines for a failure the user can act on; None for a bug (traceback)."""
-    if isinstance(e, TenantlabError):
+    if isinstance(e, TenantlabError | JobQueueError):
         return str(e)
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if isinstance(e, psycopg.errors.InsufficientPrivilege) and "tenantlab_" in first:
         # On 16+ a CREATEROLE admin manages only the roles it created (or was given ADMIN on).
-        return (f"{first}\nthe kit's roles were created by another admin: ask them to run "
-                "`tenantlab uninstall --yes`, or to grant you both roles WITH ADMIN OPTION")
+        return (f"{first}\nthe kit was set up on this server by another admin: ask them to run "
+                "`tenantlab uninstall --yes`, or to grant you both kit roles WITH ADMIN OPTION")
     if isinstance(e, psycopg.errors.InsufficientPrivilege):
         return (f"{first}\nthe admin role needs CREATEROLE and CREATEDB (a superuser, or a managed "
                 "service's admin role); see the README's \"With your own server\"")

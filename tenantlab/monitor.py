@@ -23,6 +23,7 @@ import pandas as pd
 import psycopg
 
 from . import db
+from .errors import TenantlabError
 from .queries import q
 
 log = logging.getLogger("tenantlab")
@@ -32,7 +33,7 @@ log = logging.getLogger("tenantlab")
 HOLDER_KINDS = ("xid", "rr", "rc")
 
 
-class HolderError(RuntimeError):
+class HolderError(TenantlabError, RuntimeError):
     """A holder session could not be opened or was not what was asked for."""
 
 

@@ -6,106 +6,31 @@ without network access.
 from __future__ import annotations
 
 import html
+import importlib
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import altair as alt
-import pandas as pd
+from .experiments import get
 
 Measured = dict[str, Any]
-WIDTH = 420
 
 
-def _leak(m: Measured) -> alt.Chart:
-    rows = [{"variant": v, "after job": i + 1, "rows seen by the next borrower": n}
-            for v, seen in m["seen_after_job"].items() for i, n in enumerate(seen)]
-    return alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
-        x=alt.X("after job:O"), y="rows seen by the next borrower:Q",
-        color=alt.condition(alt.datum["rows seen by the next borrower"] > 0,
-                            alt.value("#d62728"), alt.value("#2ca02c")),
-        column=alt.Column("variant:N", title=None),
-    ).properties(width=90, height=160)
-
-
-def _reset(m: Measured) -> alt.Chart:
-    opened = m.get("connections_opened", {})
-    rows = [{"variant": v, "ms per job": ms, "connections opened": opened.get(v)}
-            for v, ms in m["ms_per_job"].items() if ms is not None]
-    return alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
-        y=alt.Y("variant:N", sort="-x", title=None), x="ms per job:Q",
-        tooltip=["variant", "ms per job", "connections opened"],
-    ).properties(width=WIDTH, height=160)
-
-
-def _poison(m: Measured) -> alt.Chart:
-    rows = [{"design": "unhandled", "what": "picked", "n": m["unhandled"]["picked"]},
-            {"design": "unhandled", "what": "attempts counted", "n": m["unhandled"]["attempts"]},
-            {"design": "handled", "what": "attempts counted", "n": m["handled"]["attempts"]}]
-    return _bars(rows, "design", "what", "n")
-
-
-def _crash(m: Measured) -> alt.Chart:
-    rows = [{"design": d, "what": k, "n": v} for d in ("single", "leased")
-            for k, v in m[d].items() if isinstance(v, int | float) and not isinstance(v, bool)]
-    return _bars(rows, "design", "what", "n")
-
-
-def _overrun(m: Measured) -> alt.Chart:
-    rows = [{"variant": v, "what": what, "n": n}
-            for what in ("executions", "completions") for v, n in m[what].items()]
-    return _bars(rows, "variant", "what", "n")
-
-
-def _vacuum(m: Measured) -> alt.Chart:
-    rows = [{"variant": v, "tuples": k.replace("_", " "), "n": d[k]}
-            for v, d in m.items() if isinstance(d, dict) and "removable" in d
-            for k in ("removable", "dead_not_removable")]
-    return alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
-        y=alt.Y("variant:N", title=None), x=alt.X("n:Q", stack=True, title="dead tuples"),
-        color=alt.Color("tuples:N", scale=alt.Scale(domain=["removable", "dead not removable"],
-                                                    range=["#2ca02c", "#d62728"])),
-    ).properties(width=WIDTH, height=160)
-
-
-def _horizon(m: Measured) -> alt.Chart:
-    rows = [{"block": i + 1, "holder": k, "median fetch ms": ms}
-            for k, series in m["block_median_ms"].items() for i, ms in enumerate(series)]
-    return alt.Chart(pd.DataFrame(rows)).mark_line(point=True).encode(
-        x="block:O", y="median fetch ms:Q",
-        color=alt.Color("holder:N", scale=alt.Scale(domain=["held", "free"],
-                                                    range=["#d62728", "#2ca02c"])),
-    ).properties(width=WIDTH, height=200)
-
-
-def _rls_jobs(m: Measured) -> alt.Chart:
-    rows = [{"what": k.replace("_", " "), "jobs": m[k]}
-            for k in ("total_jobs", "visible_without_tenant", "claimed", "visible_after_fix")
-            if k in m]
-    return alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
-        y=alt.Y("what:N", sort=None, title=None), x="jobs:Q",
-    ).properties(width=WIDTH, height=120)
-
-
-def _bars(rows: list[dict], group: str, what: str, n: str) -> alt.Chart:
-    return alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
-        y=alt.Y(f"{what}:N", title=None), x=f"{n}:Q", color=f"{what}:N",
-        row=alt.Row(f"{group}:N", title=None),
-    ).properties(width=WIDTH - 100, height=60)
-
-
-CHARTS: dict[str, Callable[[Measured], alt.Chart]] = {
-    "leak": _leak, "reset": _reset, "poison": _poison, "crash": _crash, "overrun": _overrun,
-    "vacuum": _vacuum, "horizon": _horizon, "rls-jobs": _rls_jobs,
-}
+def chart_of(finding: str) -> Callable[[Measured], Any] | None:
+    """Return the finding's report chart: ``report_chart`` in ``tenantlab.charts.<module>``."""
+    try:
+        module = importlib.import_module(f"tenantlab.charts.{get(finding).module_name}")
+    except ModuleNotFoundError:
+        return None
+    return getattr(module, "report_chart", None)
 
 
 def svg(finding: str, measured: Measured) -> str:
     """Render a finding's chart to inline SVG; a short note when it cannot be drawn."""
     import vl_convert as vlc
 
-    make = CHARTS.get(finding)
+    make = chart_of(finding)
     if make is None:
         return "<p><em>no chart for this finding</em></p>"
     try:

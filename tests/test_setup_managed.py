@@ -170,7 +170,7 @@ def test_roles_made_by_another_admin_are_named_in_one_line(server: tuple[Server,
             major = int(conn.execute("show server_version_num").fetchone()[0]) // 10000
         done = cli("--database-url", managed, "reproduce", "leak", env=_env(srv.home))
         if major >= 16:  # only 16+ limits CREATEROLE to the roles one administers
-            assert "created by another admin" in _one_or_two_lines(done)
+            assert "set up on this server by another admin" in _one_or_two_lines(done)
         else:
             assert done.returncode == 0, done.stderr
     finally:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import altair as alt
+
 from .. import nb
 from ..finding import Result
-from . import timeline
+from . import common, timeline
 
 
 def explorer() -> Any:
@@ -19,3 +21,10 @@ def _table(res: Result) -> Any:
     """Return the run's table, one row per worker process, without the index column."""
     assert res.table is not None  # crash.run always fills it
     return res.table.style.hide(axis="index")
+
+
+def report_chart(m: dict[str, Any]) -> alt.Chart:
+    """Return the report page's chart of what `reproduce` measured."""
+    rows = [{"design": d, "what": k, "n": v} for d in ("single", "leased")
+            for k, v in m[d].items() if isinstance(v, int | float) and not isinstance(v, bool)]
+    return common.bars(rows, "design", "what", "n")

@@ -35,6 +35,14 @@ def chart(df: pd.DataFrame) -> alt.TopLevelMixin:
     if df.empty:
         df = pd.DataFrame({"block": [], "jobs_done": [], "median_ms": [], "buffers": [],
                            "variant": [], "held": []})
+    base = _base(df)
+    buf = base.mark_line(point=True, strokeDash=[4, 2]).encode(
+        y=alt.Y("buffers:Q", title="buffers per fetch"),
+    ).properties(width=420, height=110, title="Buffers one fetch reads (EXPLAIN)")
+    return alt.vconcat(_fetch_ms(base), buf)
+
+
+def _base(df: pd.DataFrame) -> alt.Chart:
     d = df.assign(label=df["variant"].map(lambda v: LABELS.get(v, v)),
                   holder=df["held"].map({True: "held", False: "not held"}))
     shown = [k for k in COLORS if k in set(df["variant"])] or list(COLORS)
@@ -42,23 +50,32 @@ def chart(df: pd.DataFrame) -> alt.TopLevelMixin:
                                                                labelLimit=320),
                       scale=alt.Scale(domain=[LABELS[k] for k in shown],
                                       range=[COLORS[k] for k in shown]))
-    base = alt.Chart(d).encode(
+    return alt.Chart(d).encode(
         x=alt.X("jobs_done:Q", title="jobs fetched so far"), color=color,
         tooltip=["label:N", "block:Q", "jobs_done:Q", "median_ms:Q", "buffers:Q", "holder:N"])
+
+
+def _fetch_ms(base: alt.Chart) -> Any:
     # A filled point while held, an open one after: the release shows where the line drops.
     y = alt.Y("median_ms:Q", title="median fetch (ms)")
-    ms = alt.layer(
+    return alt.layer(
         base.mark_line().encode(y=y),
         base.transform_filter(alt.datum.holder == "held").mark_point(filled=True, size=40)
         .encode(y=y),
         base.transform_filter(alt.datum.holder != "held").mark_point(filled=False, size=40)
         .encode(y=y),
-    )
-    buf = base.mark_line(point=True, strokeDash=[4, 2]).encode(
-        y=alt.Y("buffers:Q", title="buffers per fetch"),
-    ).properties(width=420, height=110, title="Buffers one fetch reads (EXPLAIN)")
-    return alt.vconcat(ms.properties(width=420, height=170, title="Fetch time per block"),
-                       buf)
+    ).properties(width=420, height=170, title="Fetch time per block")
+
+
+def report_chart(m: dict[str, Any]) -> alt.TopLevelMixin:
+    """Return the report page's chart of what `reproduce` measured: the fetch-time lines."""
+    series = {"free": m["block_median_ms"]["free"], "held": m["release_held_ms"],
+              "done_status": m["done_status_ms"], "repeatable_read": m["repeatable_read_ms"]}
+    held_blocks = len(m["block_median_ms"]["held"])
+    rows = [{"variant": k, "block": i + 1, "jobs_done": (i + 1) * m["block"], "median_ms": ms,
+             "buffers": None, "held": k != "free" and (k != "held" or i < held_blocks)}
+            for k, values in series.items() for i, ms in enumerate(values)]
+    return _fetch_ms(_base(pd.DataFrame(rows)))
 
 
 class Live:
@@ -141,7 +158,7 @@ def drain_live(variant: str = "held", progress: nb.Progress | None = None,
         live.finish()
 
 
-def timeout_demo(timeout: float = 1.0, jobs: int = 6_000, block: int = 500) -> Any:
+def timeout_demo(timeout: float = 1.0, jobs: int = 4_000, block: int = 400) -> Any:
     """Hold the horizon with an idle session whose idle timeout ends it; return its blocks."""
     with nb.progress(jobs // block, "blocks") as bar:
         df, summary = drain_live("timeout", bar, jobs=jobs, block=block, holder="xid",

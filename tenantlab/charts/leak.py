@@ -77,3 +77,15 @@ def explorer() -> Any:
     fail.max = jobs.value
     jobs.observe(on_jobs, names="value")
     return nb.run_panel([[jobs, fail]], run)
+
+
+def report_chart(m: dict[str, Any]) -> alt.Chart:
+    """Return the report page's chart of what `reproduce` measured."""
+    rows = [{"variant": v, "after job": i + 1, "rows seen by the next borrower": n}
+            for v, seen in m["seen_after_job"].items() for i, n in enumerate(seen)]
+    return alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
+        x=alt.X("after job:O"), y="rows seen by the next borrower:Q",
+        color=alt.condition(alt.datum["rows seen by the next borrower"] > 0,
+                            alt.value("#d62728"), alt.value("#2ca02c")),
+        column=alt.Column("variant:N", title=None),
+    ).properties(width=90, height=160)

@@ -23,6 +23,7 @@ from ..experiments import overrun
 from ..experiments._gantt import COLUMNS
 from ..finding import Result
 from ..heartbeat import HeartbeatError
+from . import common
 
 OK_COLOUR, WARN = "#1b7a2e", "#e45756"
 LEGEND = {  # what is drawn -> colour; one legend for every layer, one entry per colour
@@ -329,3 +330,10 @@ class Explorer:
         from IPython.display import display
 
         display(self.widget)
+
+
+def report_chart(m: dict[str, Any]) -> alt.Chart:
+    """Return the report page's chart of what `reproduce` measured."""
+    rows = [{"variant": v, "what": what, "n": n}
+            for what in ("executions", "completions") for v, n in m[what].items()]
+    return common.bars(rows, "variant", "what", "n")

@@ -9,6 +9,7 @@ import pandas as pd
 
 from .. import nb
 from ..finding import Result
+from . import common, palette
 
 LEAK, CLEAN = "#d62728", "#2ca02c"
 FORMS = ["session", "local"]
@@ -51,3 +52,17 @@ def measured_rates(res: Result) -> pd.DataFrame:
     return pd.DataFrame([{"connection": how, **values} for how, values in runs.items()],
                         columns=["connection", "jobs", "done", "wrong_counts", "jobs_per_s"])
 
+
+
+def report_chart(m: dict[str, Any]) -> alt.Chart:
+    """Return the report page's chart: B's reads under A's tenant, session form vs local form."""
+    rows = [{"form": label, "reads under another process's tenant": m[key]["wrong_tenant_reads"],
+             "reads": m[key]["reads"]}
+            for key, label in (("session_form", "session form"), ("local_form", "local form"))
+            if isinstance(m.get(key), dict)]
+    return alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
+        y=alt.Y("form:N", title=None), x="reads under another process's tenant:Q",
+        color=alt.Color("form:N", legend=None, scale=alt.Scale(
+            domain=["session form", "local form"], range=[palette.NAIVE, palette.CORRECTED])),
+        tooltip=["form", "reads", "reads under another process's tenant"],
+    ).properties(width=common.WIDTH, height=80)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import altair as alt
 import pandas as pd
 
 from .. import nb
 from ..finding import Result
-from . import timeline
+from . import common, timeline
 
 
 def explorer() -> Any:
@@ -20,3 +21,11 @@ def explorer() -> Any:
 def _table(res: Result) -> pd.DataFrame:
     assert res.table is not None
     return res.table.drop(columns=["label"])
+
+
+def report_chart(m: dict[str, Any]) -> alt.Chart:
+    """Return the report page's chart of what `reproduce` measured."""
+    rows = [{"design": "unhandled", "what": "picked", "n": m["unhandled"]["picked"]},
+            {"design": "unhandled", "what": "attempts counted", "n": m["unhandled"]["attempts"]},
+            {"design": "handled", "what": "attempts counted", "n": m["handled"]["attempts"]}]
+    return common.bars(rows, "design", "what", "n")

@@ -9,6 +9,7 @@ import pandas as pd
 
 from .. import nb
 from ..experiments import reset
+from . import common
 
 # The kit's two colours: red for the naive design and the traps, green for the correct ones.
 KINDS = {"naive or trap": "#d62728", "correct": "#2ca02c"}
@@ -172,3 +173,14 @@ def _pairs(rows: list[tuple[str, Any]], column: str) -> Any:
                       columns=["what", column])
     return df.style.hide(axis="index").set_properties(
         **{"text-align": "left", "white-space": "normal", "overflow-wrap": "anywhere"})
+
+
+def report_chart(m: dict[str, Any]) -> alt.Chart:
+    """Return the report page's chart of what `reproduce` measured."""
+    opened = m.get("connections_opened", {})
+    rows = [{"variant": v, "ms per job": ms, "connections opened": opened.get(v)}
+            for v, ms in m["ms_per_job"].items() if ms is not None]
+    return alt.Chart(pd.DataFrame(rows)).mark_bar().encode(
+        y=alt.Y("variant:N", sort="-x", title=None), x="ms per job:Q",
+        tooltip=["variant", "ms per job", "connections opened"],
+    ).properties(width=common.WIDTH, height=160)

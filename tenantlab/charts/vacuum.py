@@ -48,6 +48,15 @@ def _panel(df: pd.DataFrame, column: str, what: str, axis: bool) -> Any:
     return alt.layer(bars, text).properties(width=190, height=150, title=what)
 
 
+def report_chart(m: dict[str, Any]) -> alt.TopLevelMixin:
+    """Return the report page's chart of what `reproduce` measured: the notebook's chart."""
+    rows = [{"label": v.label, "removable": m[v.name]["removable"],
+             "dead_not_removable": m[v.name]["dead_not_removable"],
+             "long_job_holds": m[v.name]["long_job_holds"], "seconds": m[v.name]["seconds"]}
+            for v in vacuum.VARIANTS if v.name in m]
+    return chart(pd.DataFrame(rows))
+
+
 def plan() -> Any:
     """Return the five long jobs: what each keeps open, and what the article expects of it."""
     keeps = {

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from ..errors import TenantlabError
 from ..finding import Knobs, Result
 
 
@@ -67,7 +68,7 @@ REGISTRY: dict[str, Entry] = {e.id: e for e in (
 FINDINGS: dict[str, str] = {k: e.module_name for k, e in REGISTRY.items()}
 
 
-class UnknownFinding(KeyError):
+class UnknownFinding(TenantlabError, KeyError):
     def __str__(self) -> str:
         return str(self.args[0])
 

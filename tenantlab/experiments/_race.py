@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import events as event_log
 from .. import outside, queue
+from ..errors import TenantlabError
 from ..queries import q
 from ._gantt import overlap_seconds, segments
 from ._workers import WorkersRun
@@ -25,7 +26,7 @@ from ._workers import WorkersRun
 WORKERS = ("worker A", "worker B")  # as in the notebook's script: A claims first
 
 
-class OverrunError(RuntimeError):
+class OverrunError(TenantlabError, RuntimeError):
     """The overrun experiment could not run as set up."""
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from .. import db, events
-from ..charts import timeline
+from ..eventtable import frame
 from ..jobqueue.options import to_argv
 from ..worker import WorkerConfig
 
@@ -132,7 +132,7 @@ class WorkersRun:
         return events.EventLog(name, self.path)
 
     def events(self) -> pd.DataFrame:
-        return timeline.frame(events.read(self.path), self.t0)
+        return frame(events.read(self.path), self.t0)
 
     def tick(self) -> None:
         if self.live is not None:

@@ -25,6 +25,7 @@ import pandas as pd
 import psycopg
 
 from .. import db, finding, kinds, queue
+from ..errors import TenantlabError
 from ..finding import Result, Verdict, check, knob, plain
 from ..monitor import Monitor
 from ..queries import q
@@ -76,7 +77,7 @@ class Knobs(finding.Knobs):
     variants: tuple[str, ...] = knob(tuple(BY_NAME))
 
 
-class VacuumError(RuntimeError):
+class VacuumError(TenantlabError, RuntimeError):
     """The vacuum experiment could not run as planned."""
 
 
@@ -294,8 +295,8 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
         checks.append(check(
             v.label, held == v.holds_back,
             "holds VACUUM back" if v.holds_back else "holds nothing back",
-            f"{'holds' if held else 'holds nothing'}: {m['dead_not_removable']:,} dead not "
-            f"removable, {m['removable']:,} removed"))
+            f"{'holds back' if held else 'holds nothing'}: {m['dead_not_removable']:,} dead "
+            f"not yet removable, {m['removable']:,} removed"))
     return Verdict.of(checks, article=k.is_article_setup())
 
 

@@ -1,0 +1,99 @@
+"""The finding contract: every registered finding keeps it, and FINDINGS.md is generated from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+from tenantlab import finding
+from tenantlab.experiments import REGISTRY, UnknownFinding, get
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import findings_doc  # noqa: E402
+
+
+@pytest.mark.parametrize("fid", list(REGISTRY))
+def test_every_finding_keeps_the_contract(fid: str) -> None:
+    entry = get(fid)
+    mod = entry.module
+    assert isinstance(mod.CLAIM, str) and mod.CLAIM
+    assert isinstance(mod.ARTICLE, dict)
+    assert issubclass(mod.Knobs, finding.Knobs) and dataclasses.is_dataclass(mod.Knobs)
+    assert callable(mod.run) and callable(mod.judge)
+    assert not hasattr(mod, "reproduce"), "reproduce goes through the registry"
+    assert (ROOT / "notebooks" / entry.notebook).exists()
+    # Knobs: the workshop defaults and the article's sizes are both valid knob sets.
+    assert isinstance(mod.Knobs.full(), mod.Knobs) and mod.Knobs().is_article_setup()
+
+
+def test_unknown_finding_names_the_valid_ones() -> None:
+    with pytest.raises(UnknownFinding, match="valid ids: leak, reset"):
+        get("nope")
+
+
+def test_unknown_knob_names_the_valid_ones() -> None:
+    with pytest.raises(TypeError, match="unknown knob 'nope'.*valid: "):
+        get("poison").knobs(nope=1)
+
+
+def test_verdict_renders_once_from_named_checks() -> None:
+    ok = finding.Verdict.of([finding.check("rows", True, 0, 0)])
+    bad = finding.Verdict.of([finding.check("rows", True, 0, 0),
+                              finding.check("attempts", False, 3, 0)], article=False)
+    assert ok.valid and ok.line() == "✓ as the article says: ✓ rows: 0"
+    assert not bad.valid and bad.headline() == "✗ NOT as the expectation says (attempts)"
+    assert "✗" in bad._repr_html_() and "<table" in bad._repr_html_()
+    assert bad.to_json()["checks"]["attempts"] == {"ok": False, "expected": "3", "measured": "0"}
+    assert list(bad.table().columns) == ["check", "expected", "measured here", ""]
+    assert not finding.Verdict.of([]).valid  # nothing measured is not a pass
+
+
+def test_findings_document_is_up_to_date() -> None:
+    assert findings_doc.main(["--check"]) == 0, "run: python tools/findings_doc.py"
+
+
+def test_timeline_shows_every_worker_and_one_legend_entry_per_colour() -> None:
+    from tenantlab.charts import timeline
+
+    ev = timeline.frame([
+        {"t": 0.0, "worker": "idle-one", "event": "worker-start"},
+        {"t": 0.1, "worker": "idle-one", "event": "worker-stop", "claimed": 0},
+        {"t": 0.0, "worker": "busy", "event": "worker-start"},
+        {"t": 0.2, "worker": "busy", "event": "claim", "job": 1, "attempt": 1},
+        {"t": 0.2, "worker": "busy", "event": "execute", "job": 1, "attempt": 1},
+        {"t": 0.3, "worker": "busy", "event": "finish", "job": 1, "attempt": 1},
+        {"t": 0.4, "worker": "busy", "event": "worker-stop", "claimed": 1},
+    ])
+    spec = timeline.chart(ev).to_dict()
+    datasets = spec["datasets"].values()
+    workers = {r["worker"] for rows in datasets for r in rows if "worker" in r}
+    assert workers == {"idle-one", "busy"}  # the worker that claimed nothing has its row
+    scale = next(layer["encoding"]["color"]["scale"] for layer in spec["layer"]
+                 if "color" in layer.get("encoding", {}))
+    assert scale["domain"] == ["claim", "done"]  # finish is drawn as "done": one entry, one colour
+    assert len(set(scale["range"])) == len(scale["range"])
+
+
+def test_reproduce_imports_no_chart_library() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, tenantlab.reproduce\n"
+            "from tenantlab.experiments import REGISTRY\n"
+            "[e.module for e in REGISTRY.values()]\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('altair', 'vl_convert')"
+            " or m.startswith('tenantlab.charts')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("fid", list(REGISTRY))
+def test_every_finding_has_a_report_chart(fid: str) -> None:
+    from tenantlab import report
+
+    assert report.chart_of(fid) is not None, f"tenantlab/charts/{get(fid).module_name}.py: report_chart"
