@@ -77,3 +77,9 @@ select pg_notify('tenantlab_claimers', %(payload)s);
 -- Run by a claimer process when a round starts and ends: the sampler watches only the active.
 -- name: claimer_name
 select set_config('application_name', %(name)s, false);
+
+-- Run by both experiments as admin right after the queue is filled: the planner's statistics
+-- for a full queue, as autovacuum would soon give it. Without them (a freshly filled table)
+-- every claim, FIFO or fair, sorts the whole queue instead of reading an index in order.
+-- name: analyze_jobs
+analyze jobs;

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pandas as pd
+from psycopg import sql
 
-from .. import events, finding, queue
+from .. import db, events, finding, queue
 from ..finding import Result, Verdict, check, knob, plain
 from ..queries import q
 from ._workers import WorkersRun, workers_run
@@ -81,6 +82,8 @@ def _drain(run: WorkersRun, k: Knobs, policy: str,
         # Just after the burst, each small tenant in a transaction of its own.
         for tenant in range(2, 101):
             queue.enqueue(conn, kind, tenant=tenant, count=k.small_jobs, seconds=seconds)
+        with run.scratch.connect("admin", "noisy analyze", autocommit=True) as admin:
+            admin.execute(q("analyze_jobs"))
         with run.scratch.connect("worker", "noisy watch", autocommit=True) as watch:
             def done() -> bool:
                 if any(p.poll() is not None for p in procs):
@@ -164,6 +167,34 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
     return Result("noisy-neighbour", k, measured, verdict, summary=_summary(measured),
                   table=table, data={"waits": pd.concat(parts, ignore_index=True),
                                      "samples": pd.DataFrame(samples)})
+
+
+def plans(burst: int = 2000, small_jobs: int = 2, limit: int = 1) -> dict[str, str]:
+    """Return the EXPLAIN ANALYZE of each claim on a queue with a burst in front, rolled back.
+
+    For ``claim_limit`` tenant 1 already runs ``limit`` jobs, so the plan shows the walk past
+    its backlog (the cost that policy states).
+    """
+    out = {}
+    with db.scratch("noisy plans") as s, s.connect("worker", "noisy plans",
+                                                    autocommit=True) as conn:
+        queue.enqueue(conn, "noop", tenant=NOISY, count=burst)
+        for tenant in range(2, 101):
+            queue.enqueue(conn, "noop", tenant=tenant, count=small_jobs)
+        with s.connect("admin", "noisy analyze", autocommit=True) as admin:
+            admin.execute(q("analyze_jobs"))
+        for name, params in (("claim_leased", {}), ("claim_round_robin", {}),
+                             ("claim_limit", {"limit": limit})):
+            with conn.transaction(force_rollback=True):
+                if name == "claim_limit":
+                    for _ in range(limit):
+                        conn.execute(q("claim_leased"), {"lease": 30, "batch": 1})
+                # A fixed prefix composed with the named query: no value is formatted into SQL.
+                explain = sql.SQL("explain (analyze, costs off, timing off, summary off) ")
+                rows = conn.execute(explain + sql.SQL(q(name)),  # type: ignore[arg-type]
+                                    {"lease": 30, "batch": 1, **params}).fetchall()
+            out[name] = "\n".join(r[0] for r in rows)
+    return out
 
 
 def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:

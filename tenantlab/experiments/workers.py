@@ -100,6 +100,7 @@ def one_round(s: db.Scratch, path: Path, n: int, workers: int, claim: str, jobs:
         admin.execute(q("reset_queue"))
         with s.connect("worker", "workers enqueue", autocommit=True) as conn:
             queue.enqueue(conn, "noop", count=jobs)
+        admin.execute(q("analyze_jobs"))
         seen: Counter[str] = Counter()
         cpu0 = cpu_times()
         admin.execute(q("claimers_notify"), {"payload": f"go {n} {workers} {claim}"})
