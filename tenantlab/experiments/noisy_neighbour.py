@@ -44,8 +44,8 @@ class Knobs(finding.Knobs):
 
     ARTICLE_SETUP: ClassVar[bool] = False  # the article never ran this: judged on expectations
 
-    burst: int = knob(2000, full=6000, lo=500, hi=10000, step=500, label="burst (tenant 1)")
-    small_jobs: int = knob(2, full=3, lo=1, hi=5, label="jobs per small tenant")
+    burst: int = knob(1500, full=6000, lo=500, hi=10000, step=500, label="burst (tenant 1)")
+    small_jobs: int = knob(1, full=3, lo=1, hi=5, label="jobs per small tenant")
     workers: int = knob(4, lo=2, hi=8, label="workers")
     limit: int = knob(1, lo=1, hi=4, label="limit=N (running jobs per tenant)")
     job_ms: float = knob(0.0, lo=0.0, hi=20.0, step=1.0, label="job duration (ms)")
