@@ -83,3 +83,12 @@ select set_config('application_name', %(name)s, false);
 -- every claim, FIFO or fair, sorts the whole queue instead of reading an index in order.
 -- name: analyze_jobs
 analyze jobs;
+
+-- Run by the noisy-neighbour experiment before the burst: how many of its worker processes
+-- are connected and idle after their first statement (LISTEN, then an empty claim), so a
+-- notification wakes them. Startup never counts as a job's wait.
+-- name: workers_waiting
+select count(*) as waiting
+  from pg_stat_activity
+ where datname = current_database() and application_name like %(like)s
+   and state = 'idle' and query <> '';

@@ -1,16 +1,17 @@
 """Finding ``noisy-neighbour`` (beyond the article): one tenant's burst in front of everyone.
 
-Tenant 1 enqueues a burst just before 99 small tenants enqueue a few jobs each; W real worker
-processes (``tenantlab worker``) drain the queue, once per claim policy: FIFO (the production
-default), ``--fair round-robin`` and ``--fair limit=N``. Measured per job, on the server's
-clock: the wait from enqueue to its first start (``job_runs``), then per group (the noisy
-tenant, the small ones) median, p95 and max; per policy the jobs/s, and every execution (a job
-run twice would show). While the workers drain, a live chart samples each group's backlog and
-how long its oldest queued job has waited so far.
+Tenant 1 enqueues a burst just before 99 small tenants enqueue a few jobs each; W processes of
+the production worker (``python -m tenantlab.jobqueue``, the demo kinds as handlers) drain the
+queue, once per claim policy: FIFO (the default), ``--fair round-robin`` and ``--fair limit=N``.
+Measured per job, on the server's clock: the wait from enqueue to its first start
+(``job_runs``), then per group (the noisy tenant, the small ones) median, p95 and max; per
+policy the jobs/s, and every execution (a job run twice would show). While the workers drain,
+a live chart samples each group's backlog and how long its oldest queued job has waited so far.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,10 +20,10 @@ from typing import Any, ClassVar
 import pandas as pd
 from psycopg import sql
 
-from .. import db, events, finding, queue
+from .. import db, finding, queue
 from ..finding import Result, Verdict, check, knob, plain
 from ..queries import q
-from ._workers import WorkersRun, workers_run
+from ._procs import spawned
 
 CLAIM = ("When one tenant enqueues a burst, a FIFO queue makes every other tenant's next job "
          "wait for the whole burst; a fair claim (round-robin over tenants, or a per-tenant "
@@ -60,46 +61,57 @@ class Knobs(finding.Knobs):
         return {"fifo": None, "round-robin": "round-robin", "limit": f"limit={self.limit}"}[policy]
 
 
-def _drain(run: WorkersRun, k: Knobs, policy: str,
+def worker_argv(name: str, fair: str | None) -> list[str]:
+    """Return the production worker's command line, with the lab's demo kinds as handlers."""
+    return [sys.executable, "-m", "tenantlab.jobqueue", "worker", "--handlers", "tenantlab.kinds",
+            "--name", name, "--poll", "0.2", *(["--fair", fair] if fair else [])]
+
+
+def _drain(s: db.Scratch, k: Knobs, policy: str,
            sample: Callable[[str, float, list[dict[str, Any]]], None]) -> dict[str, Any]:
     """Start the workers, enqueue the burst then the small tenants, wait until all is done."""
-    with run.scratch.connect("admin", "noisy reset", autocommit=True) as admin:
+    with s.connect("admin", "noisy reset", autocommit=True) as admin:
         admin.execute(q("reset_queue"))
-    names = [f"{policy}-{i + 1}" for i in range(k.workers)]
-    procs = [run.start(design="leased", name=n, fair=k.fair(policy), poll=0.2) for n in names]
-
-    def idle() -> bool:
-        ready = {e["worker"] for e in events.read(run.path) if e["event"] == "idle"}
-        return ready >= set(names) or any(p.poll() is not None for p in procs)
-
-    # Every worker is up and waiting before the burst: startup never counts as waiting.
-    run.until(idle, 60)
+    argvs = [worker_argv(f"noisy-{policy}-{i + 1}", k.fair(policy)) for i in range(k.workers)]
     kind, seconds = ("sleep", k.job_ms / 1000) if k.job_ms else ("noop", 0.0)
     total = k.burst + 99 * k.small_jobs
-    with run.scratch.connect("worker", "noisy enqueue", autocommit=True) as conn:
+    with spawned(argvs, {"JOBQUEUE_DSN": s.worker}) as procs, \
+            s.connect("worker", "noisy enqueue", autocommit=True) as conn, \
+            s.connect("admin", "noisy watch", autocommit=True) as watch:
+        def alive() -> None:
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"a {policy} worker exited while the queue drained")
+
+        # Every worker is up and waiting before the burst: startup never counts as waiting.
+        deadline = time.monotonic() + 60
+        like = {"like": f"tenantlab noisy-{policy}-%"}
+        while (watch.execute(q("workers_waiting"), like).fetchone() or [0])[0] < k.workers:
+            alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {policy} workers did not start within 60 s")
+            time.sleep(0.05)
         t0 = time.time()
         queue.enqueue(conn, kind, tenant=NOISY, count=k.burst, seconds=seconds)
         # Just after the burst, each small tenant in a transaction of its own.
         for tenant in range(2, 101):
             queue.enqueue(conn, kind, tenant=tenant, count=k.small_jobs, seconds=seconds)
-        with run.scratch.connect("admin", "noisy analyze", autocommit=True) as admin:
-            admin.execute(q("analyze_jobs"))
-        with run.scratch.connect("worker", "noisy watch", autocommit=True) as watch:
-            def done() -> bool:
-                if any(p.poll() is not None for p in procs):
-                    raise RuntimeError(f"a {policy} worker exited while the queue drained")
-                rows = watch.execute(q("backlog_by_group"), {"noisy": NOISY}).fetchall()
-                sample(policy, time.time() - t0, [
-                    {"noisy": r[0], "backlog": r[1], "oldest_wait_s": r[2]} for r in rows])
-                return sum(r[3] for r in rows) >= total
-            run.until(done, 60 + total * 0.05)
-        for p in procs:
-            run.stop(p)
+        watch.execute(q("analyze_jobs"))
+        deadline = time.monotonic() + 60 + total * 0.05
+        while True:
+            alive()
+            rows = watch.execute(q("backlog_by_group"), {"noisy": NOISY}).fetchall()
+            sample(policy, time.time() - t0, [
+                {"noisy": r[0], "backlog": r[1], "oldest_wait_s": r[2]} for r in rows])
+            if sum(r[3] for r in rows) >= total:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {policy} workers did not drain the queue")
+            time.sleep(0.2)
         with conn.cursor() as cur:
             cur.execute(q("job_waits"))
             cols = [d.name for d in cur.description or []]
             waits = pd.DataFrame(cur.fetchall(), columns=cols)
-            dup = conn.execute(q("run_counts")).fetchone()
+        dup = conn.execute(q("run_counts")).fetchone()
     waits["policy"] = policy
     waits["wait_s"] = waits["started"] - waits["created"]
     return {"waits": waits, "duplicates": int(dup[2]) if dup else 0}
@@ -152,9 +164,9 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
             live.update(pd.DataFrame(samples))
 
     parts, measured = [], {}
-    with workers_run("noisy-neighbour") as r:
+    with db.scratch("noisy-neighbour") as s:
         for policy in k.policies():
-            got = _drain(r, k, policy, sample)
+            got = _drain(s, k, policy, sample)
             parts.append(got["waits"])
             measured[policy] = _stats(policy, got["waits"], got["duplicates"])
             if progress:
