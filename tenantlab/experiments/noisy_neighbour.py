@@ -45,7 +45,7 @@ class Knobs(finding.Knobs):
 
     ARTICLE_SETUP: ClassVar[bool] = False  # the article never ran this: judged on expectations
 
-    burst: int = knob(1500, full=6000, lo=500, hi=10000, step=500, label="burst (tenant 1)")
+    burst: int = knob(1000, full=6000, lo=500, hi=10000, step=500, label="burst (tenant 1)")
     small_jobs: int = knob(1, full=3, lo=1, hi=5, label="jobs per small tenant")
     workers: int = knob(4, lo=2, hi=8, label="workers")
     limit: int = knob(1, lo=1, hi=4, label="limit=N (running jobs per tenant)")
