@@ -33,9 +33,9 @@ from ._claimers import ACTIVE
 from ._procs import spawned
 
 CLAIM = ("With FOR UPDATE SKIP LOCKED, 1, 2, 4 and 8 workers claim from one queue without "
-         "waiting on each other's locks and never run a job twice; jobs/s stops growing at about "
-         "the machine's cores, where the workers and the server compete for the CPU; a plain "
-         "FOR UPDATE claim lines the workers up behind one row lock instead.")
+         "waiting on each other's row locks and never run a job twice; a plain FOR UPDATE claim "
+         "lines them up behind one row lock. How far jobs/s grows with the workers, and what "
+         "stops it (the WAL flush at commit, the CPU, locks), is measured here, not claimed.")
 
 ARTICLE: dict[str, Any] = {
     "note": "not in the article: it ran two workers; measured here beyond it",
@@ -202,7 +202,11 @@ def _measured(table: pd.DataFrame, k: Knobs) -> dict[str, Any]:
 
 
 def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
-    """No duplicates; SKIP LOCKED never waits on a lock; the curve bends; plain FOR UPDATE queues."""
+    """No duplicates; SKIP LOCKED never waits on a row lock; plain FOR UPDATE queues on one.
+
+    Throughput is measured, never judged: where it stops growing depends on the machine and on
+    what else runs on it (the summary and the notebook's bars say where, and why).
+    """
     rates, done, jobs = measured["jobs_per_s"], measured["done"], measured["jobs"]
     waits = measured["lock_wait_share"]
     top = max(rates, key=int)
@@ -214,11 +218,6 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
         check("SKIP LOCKED: no row-lock waits", max(waits.values()) < 0.01,
               "under 1% of the workers' session time, at every count",
               ", ".join(f"{w}: {s:.1%}" for w, s in waits.items())),
-        check("jobs/s bends", measured["bends_after"] is not None,
-              f"doubling the workers adds less than {GAIN - 1:.0%} from some count on "
-              f"({measured['cores']} cores)",
-              ", ".join(f"{w}: {r:g}" for w, r in rates.items())
-              + (f"; bends after {measured['bends_after']}" if measured["bends_after"] else "")),
     ]
     if p := measured.get("plain_for_update"):
         checks.append(check(
@@ -234,7 +233,8 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
 
 def _summary(m: dict[str, Any]) -> str:
     text = ("SKIP LOCKED jobs/s " + ", ".join(f"{w}: {r:g}" for w, r in m["jobs_per_s"].items())
-            + f" (bends after {m['bends_after']}, {m['cores']} cores); claim p95 ms "
+            + (f" (bends after {m['bends_after']}" if m["bends_after"] else " (still growing")
+            + f", {m['cores']} cores); claim p95 ms "
             + ", ".join(f"{w}: {v:.3g}" for w, v in m["claim_ms_p95"].items())
             + f"; duplicates {m['duplicates']}")
     if p := m.get("plain_for_update"):
