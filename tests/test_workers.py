@@ -19,7 +19,7 @@ def test_workers_drain_one_queue_without_lock_waits_or_duplicates(admin_dsn: str
     assert set(m["jobs_per_s"]) == {"1", "3"} and m["duplicates"] == 0
     assert all(v > 0 for v in m["jobs_per_s"].values())
     # SKIP LOCKED never queues behind another worker's row lock.
-    assert max(m["lock_wait_share"].values()) < 0.01
+    assert max(m["lock_wait_share"].values()) < 0.02
     assert res.verdict.checks[0].ok and res.verdict.checks[1].ok
 
 

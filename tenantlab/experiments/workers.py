@@ -215,8 +215,8 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
               measured["duplicates"] == 0 and all(d == jobs for d in done.values()),
               f"{jobs:,} of {jobs:,} each round, 0 twice",
               f"{min(done.values()):,} of {jobs:,} at worst, {measured['duplicates']} twice"),
-        check("SKIP LOCKED: no row-lock waits", max(waits.values()) < 0.01,
-              "under 1% of the workers' session time, at every count",
+        check("SKIP LOCKED: no row-lock waits", max(waits.values()) < 0.02,
+              "under 2% of the workers' session time, at every count",
               ", ".join(f"{w}: {s:.1%}" for w, s in waits.items())),
     ]
     if p := measured.get("plain_for_update"):
