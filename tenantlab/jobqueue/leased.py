@@ -85,7 +85,7 @@ class Leased:
 
     def claim_many(self, conn: psycopg.Connection, n: int = 1, *, worker: str = "worker",
                    events: Events | None = None) -> list[Claim]:
-        """Claim up to `n` eligible jobs, oldest first, each with its own attempt and lease."""
+        """Claim up to `n` eligible jobs, oldest first (or as ``fair`` picks), each leased."""
         events = events or NullEvents(worker)
         query = q("claim_leased_lossy" if self.lossy_claim else "claim_leased")
         params: dict[str, Any] = {"lease": self.lease, "batch": n}
