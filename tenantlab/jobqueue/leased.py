@@ -87,16 +87,20 @@ class Leased:
                    events: Events | None = None) -> list[Claim]:
         """Claim up to `n` eligible jobs, oldest first (or as ``fair`` picks), each leased."""
         events = events or NullEvents(worker)
-        query = q("claim_leased_lossy" if self.lossy_claim else "claim_leased")
-        params: dict[str, Any] = {"lease": self.lease, "batch": n}
-        if self.fair:
-            query, params = q(self.fair.query), params | self.fair.params
+        query, params = self._claim_query(n)
         # Its own transaction (autocommit: one statement), committed before any work starts.
         with _autocommit(conn), conn.cursor(row_factory=class_row(Claim)) as cur:
             claims = cur.execute(query, params).fetchall()
         claims.sort(key=lambda c: c.id)
         self._claimed(conn, claims, worker, events)
         return claims
+
+    def _claim_query(self, n: int) -> tuple[str, dict[str, Any]]:
+        """Return this worker's claim statement (FIFO, lossy or fair) and its parameters."""
+        params: dict[str, Any] = {"lease": self.lease, "batch": n}
+        if self.fair:
+            return q(self.fair.query), params | self.fair.params
+        return q("claim_leased_lossy" if self.lossy_claim else "claim_leased"), params
 
     def claim(self, conn: psycopg.Connection, *, worker: str = "worker",
               events: Events | None = None) -> Claim | None:
@@ -173,10 +177,8 @@ class Leased:
                 return bool(row and row[0]), []
             # A fair claim has no finish-and-claim statement: its own statement, in the same
             # transaction as the fenced finish (one commit for both, as with FIFO).
-            assert self.fair is not None
             with conn.cursor(row_factory=class_row(Claim)) as cur:
-                claims = cur.execute(q(self.fair.query), {
-                    "lease": self.lease, "batch": claim_next, **self.fair.params}).fetchall()
+                claims = cur.execute(*self._claim_query(claim_next)).fetchall()
             return True, sorted(claims, key=lambda c: c.id)
         rows = conn.execute(q("complete_if_owner_and_claim"),
                             dict(params, lease=self.lease, batch=claim_next)).fetchall()
