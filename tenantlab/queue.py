@@ -114,10 +114,10 @@ class Leased(production.Leased):
     def __init__(self, *, lease: float = 30.0, backoff: float = 1.0,
                  backoff_cap: float = 300.0, heartbeat: float | None = None,
                  max_runtime: float | None = None, fence: bool = True,
-                 durable_claim: bool = True, handlers: Any = None) -> None:
+                 durable_claim: bool = True, handlers: Any = None, fair: Any = None) -> None:
         super().__init__(handlers if handlers is not None else kinds.handlers, lease=lease,
                          backoff=backoff, backoff_cap=backoff_cap, heartbeat=heartbeat,
-                         max_runtime=max_runtime, lossy_claim=not durable_claim)
+                         max_runtime=max_runtime, lossy_claim=not durable_claim, fair=fair)
         self.fence = fence
         self.durable_claim = durable_claim
 
@@ -134,16 +134,17 @@ class Leased(production.Leased):
 
 def design(name: str, *, lease: float = 30.0, backoff: float = 1.0,
            handle_errors: bool = False, heartbeat: float | None = None,
-           max_runtime: float | None = None, fence: bool = True) -> SingleTransaction | Leased:
+           max_runtime: float | None = None, fence: bool = True,
+           fair: str | None = None) -> SingleTransaction | Leased:
     """Return the design called `name` ('single' or 'leased') with its options."""
     if name == "single":
-        if heartbeat is not None or max_runtime is not None or not fence:
-            raise QueueError("heartbeat, max-runtime and no-fence need the leased design: "
+        if heartbeat is not None or max_runtime is not None or not fence or fair:
+            raise QueueError("heartbeat, max-runtime, no-fence and fair need the leased design: "
                              "the single-transaction design has no lease")
         return SingleTransaction(handle_errors=handle_errors)
     if name == "leased":
         return Leased(lease=lease, backoff=backoff, heartbeat=heartbeat,
-                      max_runtime=max_runtime, fence=fence)
+                      max_runtime=max_runtime, fence=fence, fair=fair)
     raise QueueError(f"unknown design {name!r}; valid: single, leased")
 
 

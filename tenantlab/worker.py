@@ -76,7 +76,7 @@ class WorkerConfig(WorkerOptions):
         """Return the queue design these options ask for (refuses what cannot work)."""
         d = queue.design(self.design, lease=self.lease, backoff=self.backoff,
                          handle_errors=self.handle_errors, heartbeat=self.heartbeat,
-                         max_runtime=self.max_runtime, fence=self.fence)
+                         max_runtime=self.max_runtime, fence=self.fence, fair=self.fair)
         if isinstance(d, queue.Leased):
             d.lossy_claim = self.lossy_claim
         elif self.batch > 1:

@@ -14,6 +14,8 @@ alter table jobs
 
 grant select, insert, update, delete on jobs to tenantlab_worker;
 grant select, insert, update, delete on job_runs to tenantlab_worker;
+-- The round-robin claim moves the tenants' turns (finding noisy-neighbour).
+grant select, insert, update on tenant_turns to tenantlab_worker;
 
 -- Run by tenantlab enqueue and the experiments (tenantlab.queue.enqueue): n demo jobs of one
 -- kind; no tenant spreads them over tenants 1..100 in turn. Notifies like the production
@@ -61,7 +63,7 @@ select count(*) from jobs;
 
 -- Run by the experiments as admin between variants: an empty queue, ids from 1 again.
 -- name: reset_queue
-truncate jobs, job_runs restart identity;
+truncate jobs, job_runs, tenant_turns restart identity;
 
 -- Run by the rls-jobs experiment as admin in its own scratch database: the trap, the invoices'
 -- tenant policy on the jobs table too.

@@ -61,6 +61,8 @@ REGISTRY: dict[str, Entry] = {e.id: e for e in (
     Entry("rls-jobs", "rls_jobs", "08-rls-on-the-jobs-table.ipynb"),
     Entry("vanish", "vanish", "10-a-worker-vanishes.ipynb"),
     Entry("restart", "restart", "10-a-worker-vanishes.ipynb"),
+    Entry("workers", "workers", "11-the-noisy-neighbour.ipynb"),
+    Entry("noisy-neighbour", "noisy_neighbour", "11-the-noisy-neighbour.ipynb"),
     Entry("pgbouncer", "pgbouncer", "12-pgbouncer-transaction-mode.ipynb"),
 )}
 

@@ -29,6 +29,7 @@ or run `{name}/sql/schema.sql` in your migrations. Then let the worker role in (
 login role: not the owner, not superuser, no BYPASSRLS, so your row-level security applies):
 
     grant select, insert, update, delete on jobs, job_runs to app_worker;
+    grant select, insert, update on tenant_turns to app_worker;  -- for --fair round-robin
     alter role app_worker set idle_in_transaction_session_timeout = '5min';
     alter role app_worker set statement_timeout = '10min';
 

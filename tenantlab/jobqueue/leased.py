@@ -25,6 +25,8 @@ import psycopg
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
+from .fair import Fair
+from .fair import fair as as_fair
 from .handlers import Handler, Handlers
 from .handlers import handlers as default_handlers
 from .heartbeat import HeartbeatConfig, Heartbeats, check, dsn_of
@@ -64,7 +66,7 @@ class Leased:
     def __init__(self, handlers: Handlers | dict[str, Handler] | None = None, *,
                  lease: float = 30.0, backoff: float = 1.0, backoff_cap: float = 300.0,
                  heartbeat: float | None = None, max_runtime: float | None = None,
-                 lossy_claim: bool = False) -> None:
+                 lossy_claim: bool = False, fair: Fair | str | None = None) -> None:
         if not lease > 0:
             raise ConfigError(f"lease must be a positive number of seconds, not {lease!r}")
         if backoff < 0 or backoff_cap < 0:
@@ -76,26 +78,38 @@ class Leased:
         self.lease, self.backoff, self.backoff_cap = float(lease), float(backoff), backoff_cap
         self.beat = HeartbeatConfig(self.lease, heartbeat, max_runtime) if heartbeat else None
         self.lossy_claim = lossy_claim
+        #: A fair claim policy (fair.py) instead of the oldest job first; None = FIFO.
+        self.fair = as_fair(fair)
+        if self.fair and lossy_claim:
+            raise ConfigError("lossy-claim has no fair variant: use one or the other")
         self._heartbeats: Heartbeats | None = None
 
     def __repr__(self) -> str:
         extra = f", heartbeat={self.beat.interval:g}, max_runtime={self.beat.max_runtime}" \
             if self.beat else ""
+        extra += f", fair={str(self.fair)!r}" if self.fair else ""
         return f"Leased(lease={self.lease:g}, backoff={self.backoff:g}{extra})"
 
     # -- claim ---------------------------------------------------------------------------------
 
     def claim_many(self, conn: psycopg.Connection, n: int = 1, *, worker: str = "worker",
                    events: Events | None = None) -> list[Claim]:
-        """Claim up to `n` eligible jobs, oldest first, each with its own attempt and lease."""
+        """Claim up to `n` eligible jobs, oldest first (or as ``fair`` picks), each leased."""
         events = events or NullEvents(worker)
-        query = q("claim_leased_lossy" if self.lossy_claim else "claim_leased")
+        query, params = self._claim_query(n)
         # Its own transaction (autocommit: one statement), committed before any work starts.
         with _autocommit(conn), conn.cursor(row_factory=class_row(Claim)) as cur:
-            claims = cur.execute(query, {"lease": self.lease, "batch": n}).fetchall()
+            claims = cur.execute(query, params).fetchall()
         claims.sort(key=lambda c: c.id)
         self._claimed(conn, claims, worker, events)
         return claims
+
+    def _claim_query(self, n: int) -> tuple[str, dict[str, Any]]:
+        """Return this worker's claim statement (FIFO, lossy or fair) and its parameters."""
+        params: dict[str, Any] = {"lease": self.lease, "batch": n}
+        if self.fair:
+            return q(self.fair.query), params | self.fair.params
+        return q("claim_leased_lossy" if self.lossy_claim else "claim_leased"), params
 
     def claim(self, conn: psycopg.Connection, *, worker: str = "worker",
               events: Events | None = None) -> Claim | None:
@@ -166,9 +180,15 @@ class Leased:
                   claim_next: int = 0) -> tuple[bool, list[Claim]]:
         """Finish the job if this attempt still owns it (False = fenced out); claim the next."""
         params = {"id": claim.id, "attempt": claim.attempt, "run": claim.run_id}
-        if not claim_next:
+        if not claim_next or self.fair:
             row = conn.execute(q("complete_if_owner"), params).fetchone()
-            return bool(row and row[0]), []
+            if not (row and row[0]) or not claim_next:
+                return bool(row and row[0]), []
+            # A fair claim has no finish-and-claim statement: its own statement, in the same
+            # transaction as the fenced finish (one commit for both, as with FIFO).
+            with conn.cursor(row_factory=class_row(Claim)) as cur:
+                claims = cur.execute(*self._claim_query(claim_next)).fetchall()
+            return True, sorted(claims, key=lambda c: c.id)
         rows = conn.execute(q("complete_if_owner_and_claim"),
                             dict(params, lease=self.lease, batch=claim_next)).fetchall()
         claims = sorted((Claim(id=r[1], tenant_id=r[2], attempt=r[3], kind=r[4], payload=r[5])
@@ -273,8 +293,9 @@ class Leased:
             more = claim_next() if callable(claim_next) else claim_next
             if more:
                 with conn.cursor(row_factory=class_row(Claim)) as cur:
-                    claimed = sorted(cur.execute(q("claim_leased"), {
-                        "lease": self.lease, "batch": more}).fetchall(), key=lambda c: c.id)
+                    # The worker's own claim (FIFO, lossy or fair), as every other claim.
+                    claimed = sorted(cur.execute(*self._claim_query(more)).fetchall(),
+                                     key=lambda c: c.id)
         # Committed: now it happened, and the events say so.
         for c, o in results:
             ev = c.events

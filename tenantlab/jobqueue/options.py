@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .fair import Fair
+from .fair import flag as fair_flag
 from .jobs import ConfigError
 
 
@@ -79,6 +81,10 @@ class WorkerOptions:
     max_jobs: int | None = option(None, "stop after N claims", parse=count("max-jobs"))
     until_empty: bool = option(False, "stop when the queue is empty")
     name: str | None = option(None, "worker name in job_runs and the log")
+    fair: str | None = option(
+        None, "claim fairly across tenants: round-robin (the oldest job of the tenant served "
+              "least recently) or limit=N (skip tenants already running N jobs); default FIFO",
+        parse=fair_flag)
 
     def __post_init__(self) -> None:
         if not self.lease > 0:
@@ -91,6 +97,8 @@ class WorkerOptions:
             raise ConfigError(f"batch must be at least 1, not {self.batch}")
         if not self.poll > 0:
             raise ConfigError(f"poll must be a positive number of seconds, not {self.poll}")
+        if self.fair is not None:
+            self.fair = str(Fair.parse(self.fair))
 
 
 def _flag(f: dataclasses.Field) -> str:

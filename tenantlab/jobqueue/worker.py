@@ -100,7 +100,7 @@ class Worker:
         self.events = events or NullEvents(self.name)
         self.queue = queue or Leased(handlers, lease=o.lease, backoff=o.backoff,
                                      heartbeat=o.heartbeat, max_runtime=o.max_runtime,
-                                     lossy_claim=o.lossy_claim)
+                                     lossy_claim=o.lossy_claim, fair=o.fair)
         self.stopping = False
         self.claimed = 0
         self.outage = Outage(self.name, o.max_outage, sleep=self._sleep)

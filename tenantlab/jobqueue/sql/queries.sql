@@ -188,3 +188,91 @@ select status, count(*) as jobs from jobs group by status order by status;
 -- on a fresh database set it up one at a time (the rest find it done).
 -- name: schema_lock
 select pg_advisory_xact_lock(hashtext('jobqueue schema'));
+
+-- ---------------------------------------------------------------------------------------------
+-- Fair claims (`--fair`): the same claim as claim_leased (attempt counted, lease set, the same
+-- columns back, so execute, the fence, the heartbeat and the reaper are unchanged), with
+-- another choice of job. Each is one statement, committed before any work starts.
+
+-- Run by Leased.claim with fair='round-robin': the oldest eligible job of the tenant served
+-- least recently (never served first), one job per tenant for a batch; the tenants' turns are
+-- moved in the same statement. Tenants with work are listed by a skip scan over
+-- jobs_claimable_by_tenant (one descent each: a tenant's backlog costs nothing), put in turn
+-- order, then probed in that order for an unlocked eligible job until the batch is full: only
+-- the jobs taken are locked. Guarantee: while a tenant has an eligible job, each other tenant
+-- is served at most once before it, plus the claims already in flight (one per other worker).
+-- Not given: weights; two workers claiming at the same moment may serve the same tenant; a
+-- long job still holds its worker. Cost: one descent per tenant with work, per claim.
+-- name: claim_round_robin
+with recursive tenants as (
+  (select tenant_id from jobs
+    where status in ('queued', 'running')
+    order by tenant_id limit 1)
+  union all
+  select (select j.tenant_id from jobs j
+           where j.status in ('queued', 'running') and j.tenant_id > tenants.tenant_id
+           order by j.tenant_id limit 1)
+    from tenants
+   where tenants.tenant_id is not null
+), picked as (
+  -- Ordered in a subquery of its own, then probed lazily: the probe (and its row lock) runs
+  -- for the tenants walked, never for all of them.
+  select job.id, turn.tenant_id
+    from (select tenants.tenant_id from tenants
+            left join tenant_turns using (tenant_id)
+           where tenants.tenant_id is not null
+           order by tenant_turns.last_served nulls first, tenants.tenant_id) as turn
+   cross join lateral (
+         select id from jobs
+          where jobs.tenant_id = turn.tenant_id
+            and status in ('queued', 'running')
+            and (status = 'queued' or locked_until < clock_timestamp())
+            and attempts < max_attempts
+            and (run_after is null or run_after <= clock_timestamp())
+          order by id limit 1
+          for update skip locked) as job
+   limit %(batch)s
+), moved as (
+  -- Skip locked: a turn locked now is being moved by a claim that serves the same tenant at
+  -- this moment. Waiting for it would line every worker up behind one busy tenant's turn.
+  update tenant_turns set last_served = clock_timestamp()
+   where tenant_id in (select tenant_id from tenant_turns
+                        where tenant_id in (select tenant_id from picked)
+                        for no key update skip locked)
+), first_turn as (
+  -- Only tenants without a turn yet (in this snapshot): an existing turn is never waited on.
+  insert into tenant_turns (tenant_id, last_served)
+  select tenant_id, clock_timestamp() from picked
+   where not exists (select from tenant_turns t where t.tenant_id = picked.tenant_id)
+   order by tenant_id
+  on conflict (tenant_id) do nothing
+)
+update jobs
+   set status = 'running', attempts = attempts + 1,
+       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
+ where id in (select id from picked)
+returning id, tenant_id, attempts as attempt, kind, payload;
+
+-- Run by Leased.claim with fair='limit=N': the FIFO claim, skipping the jobs of tenants that
+-- already run N jobs (running, lease not expired: a dead worker's job stops counting when its
+-- lease does). The busy tenants come from jobs_running_lease (one row per running job).
+-- A soft limit: two claims at the same moment can both see N-1 and both take one (N+1), and a
+-- batch can take several jobs of a tenant below N. It helps only with more workers than N; the
+-- walk passes the busy tenants' eligible jobs (the noisy backlog) before it finds another's.
+-- name: claim_limit
+update jobs
+   set status = 'running', attempts = attempts + 1,
+       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
+ where id in (select id from jobs
+               where status in ('queued', 'running')
+                 and (status = 'queued' or locked_until < clock_timestamp())
+                 and attempts < max_attempts
+                 and (run_after is null or run_after <= clock_timestamp())
+                 and tenant_id not in (select tenant_id from jobs
+                                        where status = 'running'
+                                          and locked_until >= clock_timestamp()
+                                        group by tenant_id
+                                       having count(*) >= %(limit)s)
+               order by id limit %(batch)s
+               for update skip locked)
+returning id, tenant_id, attempts as attempt, kind, payload;

@@ -45,3 +45,17 @@ create table if not exists job_runs (
   finished timestamptz,
   constraint finished_after_start check (finished is null or finished >= started)
 );
+
+-- The fair claims (`--fair round-robin|limit=N`) read jobs tenant by tenant: the claimable jobs
+-- of one tenant, oldest first. The claim walks it to list the tenants with work (a skip scan:
+-- one descent per tenant, whatever their backlog) and to take one tenant's oldest job.
+create index if not exists jobs_claimable_by_tenant on jobs (tenant_id, id)
+  where status in ('queued', 'running');
+
+-- When each tenant was last served by the round-robin claim, which writes it (an upsert in the
+-- claim statement: enqueue does not need it, and a tenant without a row counts as never
+-- served). Grant the worker select, insert, update on it to use `--fair round-robin`.
+create table if not exists tenant_turns (
+  tenant_id   int primary key,
+  last_served timestamptz not null
+);

@@ -1,0 +1,94 @@
+-- Many workers on one queue (findings `workers` and `noisy-neighbour`, notebook 11): the
+-- lab-only claim that shows why the production claim skips locked rows, and what the
+-- experiments read while workers drain the queue. Queries only.
+
+-- Run by the workers experiment for contrast, never by the production worker: the leased
+-- claim with a plain FOR UPDATE. Every worker wants the oldest job, so they queue on its row
+-- lock; when the holder commits, the next one re-reads the row, finds it taken, and queues on
+-- the next: one lock queue, the claims served one at a time.
+-- name: claim_plain
+update jobs
+   set status = 'running', attempts = attempts + 1,
+       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
+ where id in (select id from jobs
+               where status in ('queued', 'running')
+                 and (status = 'queued' or locked_until < clock_timestamp())
+                 and attempts < max_attempts
+                 and (run_after is null or run_after <= clock_timestamp())
+               order by id limit %(batch)s
+               for update)
+returning id, tenant_id, attempts as attempt, kind, payload;
+
+-- Run by the workers experiment as admin every few milliseconds: what the workers' server
+-- sessions are doing now. `RowLock` = queued behind another transaction's row lock; `Lock` =
+-- another heavyweight lock (extending a table, say); `CPU` = running, waiting on nothing;
+-- `Client` = waiting for the worker process; `IO` (the WAL flush at commit), `LWLock` = the server.
+-- name: worker_sessions
+select case when wait_event_type = 'Lock' and wait_event in ('transactionid', 'tuple')
+            then 'RowLock'
+            else coalesce(wait_event_type, case when state = 'active' then 'CPU' else 'idle' end)
+       end as what,
+       count(*) as sessions
+  from pg_stat_activity
+ where datname = current_database() and application_name like %(like)s
+ group by 1;
+
+-- Run by both experiments at the end: every execution a job had (job_runs), so a job run
+-- twice shows up, whatever the jobs table says.
+-- name: run_counts
+select count(*) as runs, count(distinct job_id) as jobs_run,
+       count(*) - count(distinct job_id) as duplicates
+  from job_runs;
+
+-- Run by the noisy-neighbour experiment while workers drain: per group (the noisy tenant, the
+-- small ones), the jobs still queued and how long the oldest of them has waited so far.
+-- name: backlog_by_group
+select tenant_id = %(noisy)s as noisy,
+       count(*) filter (where status = 'queued') as backlog,
+       coalesce(extract(epoch from clock_timestamp()
+                        - min(created) filter (where status = 'queued')), 0)::float8 as oldest_wait_s,
+       count(*) filter (where status in ('done', 'dead')) as finished,
+       count(*) as jobs
+  from jobs
+ group by 1;
+
+-- Run by the noisy-neighbour experiment at the end: each job's enqueue, first start and
+-- finish (epoch seconds, server clock) and how many executions it had.
+-- name: job_waits
+with runs as (
+  select job_id, min(started) as started, count(*) as runs from job_runs group by job_id
+)
+select j.id, j.tenant_id, j.status,
+       extract(epoch from j.created)::float8 as created,
+       extract(epoch from runs.started)::float8 as started,
+       extract(epoch from j.finished)::float8 as finished,
+       coalesce(runs.runs, 0) as runs
+  from jobs j left join runs on runs.job_id = j.id
+ order by j.id;
+
+-- Run by the workers experiment's processes (experiments/_claimers.py): wait for the rounds.
+-- name: claimers_listen
+listen tenantlab_claimers;
+
+-- Run by the workers experiment as admin: start a round (`go ROUND WORKERS CLAIM`) or `stop`.
+-- name: claimers_notify
+select pg_notify('tenantlab_claimers', %(payload)s);
+
+-- Run by a claimer process when a round starts and ends: the sampler watches only the active.
+-- name: claimer_name
+select set_config('application_name', %(name)s, false);
+
+-- Run by both experiments as admin right after the queue is filled: the planner's statistics
+-- for a full queue, as autovacuum would soon give it. Without them (a freshly filled table)
+-- every claim, FIFO or fair, sorts the whole queue instead of reading an index in order.
+-- name: analyze_jobs
+analyze jobs;
+
+-- Run by the noisy-neighbour experiment before the burst: how many of its worker processes
+-- are connected and idle after their first statement (LISTEN, then an empty claim), so a
+-- notification wakes them. Startup never counts as a job's wait.
+-- name: workers_waiting
+select count(*) as waiting
+  from pg_stat_activity
+ where datname = current_database() and application_name like %(like)s
+   and state = 'idle' and query <> '';

@@ -1,0 +1,78 @@
+"""Notebook 11's noisy-neighbour charts: each group's backlog and wait while workers drain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from .. import nb
+from ..finding import Result
+from . import common
+from .palette import CORRECTED, NAIVE, NEUTRAL
+
+POLICIES = ["fifo", "round-robin", "limit"]
+GROUPS = ["tenant 1 (burst)", "small tenants (99)"]
+METRICS = {"backlog": "jobs still queued", "oldest_wait_s": "oldest queued job has waited (s)"}
+
+
+def chart(df: pd.DataFrame) -> alt.TopLevelMixin:
+    """Return one panel per policy and metric: the burst's line and the small tenants'."""
+    if df.empty:
+        df = pd.DataFrame([{"policy": p, "t": 0.0, "tenant": g, "backlog": 0, "oldest_wait_s": 0.0}
+                           for p in POLICIES[:1] for g in GROUPS])
+    long = df.melt(id_vars=["policy", "t", "tenant"], value_vars=list(METRICS),
+                   var_name="metric", value_name="value")
+    long["metric"] = long["metric"].map(METRICS)
+    return alt.Chart(long).mark_line(interpolate="step-after").encode(
+        x=alt.X("t:Q", title="seconds since the burst"),
+        y=alt.Y("value:Q", title=None),
+        color=alt.Color("tenant:N", title=None,
+                        scale=alt.Scale(domain=GROUPS, range=[NAIVE, CORRECTED])),
+        tooltip=["policy", "tenant", "t", "value"],
+    ).properties(width=210, height=130).facet(
+        row=alt.Row("metric:N", title=None, sort=list(METRICS.values())),
+        column=alt.Column("policy:N", title=None, sort=POLICIES),
+    ).resolve_scale(y="independent").properties(
+        title="While the workers drain: the small tenants' wait climbs under FIFO, stays flat when fair")
+
+
+def live() -> nb.LiveChart:
+    """Return the chart that redraws while the workers drain the queue."""
+    return nb.LiveChart(chart, pd.DataFrame())
+
+
+def tenants(res: Result) -> alt.Chart:
+    """Return each tenant's worst wait (enqueue to start), one line per policy."""
+    waits = res.data["waits"]
+    per = waits.groupby(["policy", "tenant_id"], as_index=False)["wait_s"].max()
+    return alt.Chart(per).mark_line(point=True).encode(
+        x=alt.X("tenant_id:Q", title="tenant (1 = the burst)"),
+        y=alt.Y("wait_s:Q", title="its longest wait, enqueue to start (s)"),
+        color=alt.Color("policy:N", sort=POLICIES,
+                        scale=alt.Scale(domain=POLICIES, range=[NAIVE, CORRECTED, NEUTRAL])),
+        tooltip=["policy", "tenant_id", "wait_s"],
+    ).properties(width=520, height=220, title="Every tenant's longest wait, per claim policy")
+
+
+def summary(res: Result) -> Any:
+    """Return the waits and jobs/s per policy, the columns a reader compares."""
+    assert res.table is not None
+    cols = ["small_tenants_wait_median_s", "small_tenants_wait_p95_s", "small_tenants_wait_max_s",
+            "noisy_tenant_wait_median_s", "noisy_tenant_wait_p95_s", "jobs_per_s", "duplicates"]
+    return res.table[[c for c in cols if c in res.table.columns]]
+
+
+def explorer() -> Any:
+    """Return sliders for the burst, the workers, the limit, a policy choice and Run."""
+    return nb.explorer("noisy-neighbour", summary, live=live)
+
+
+def report_chart(m: dict[str, Any]) -> alt.Chart:
+    """Return the report page's chart: the small tenants' p95 wait per policy."""
+    rows = [{"policy": p, "what": "small tenants' p95 wait (s)",
+             "n": m[p]["small_tenants_wait_p95_s"]} for p in POLICIES if p in m]
+    rows += [{"policy": p, "what": "noisy tenant's p95 wait (s)",
+              "n": m[p]["noisy_tenant_wait_p95_s"]} for p in POLICIES if p in m]
+    return common.bars(rows, "policy", "what", "n")

@@ -1,0 +1,71 @@
+"""Fair claims across tenants: ``round-robin``, or ``limit=N`` running jobs per tenant.
+
+The FIFO claim takes the oldest eligible job: one tenant's burst of 50,000 jobs then sits in
+front of every other tenant's next job (the noisy neighbour). A fair policy changes only which
+job the claim takes; the claim stays one statement that counts the attempt and sets the lease,
+so the fence, the heartbeat and the reaper work as before (queries ``claim_round_robin`` and
+``claim_limit`` in ``sql/queries.sql``, which state each guarantee and what it does not give).
+
+- ``round-robin``: the oldest job of the tenant served least recently. A small tenant's job
+  waits about one round of the tenants with work, whatever the burst in front of it.
+- ``limit=N``: FIFO, skipping tenants that already run N jobs. It helps only when there are
+  more workers than N: the other workers serve everyone else. A soft limit (see the query).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .jobs import ConfigError
+
+POLICIES = ("round-robin", "limit=N")
+_LIMIT = re.compile(r"^limit=(\d+)$")
+
+
+@dataclass(frozen=True)
+class Fair:
+    """A fair claim policy: its query and the parameters it adds to the claim's."""
+
+    policy: str
+    limit: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> Fair:
+        """Read ``round-robin`` or ``limit=N`` (N >= 1); anything else names what is valid."""
+        text = text.strip()
+        if text == "round-robin":
+            return cls("round-robin")
+        m = _LIMIT.match(text)
+        if m and int(m.group(1)) >= 1:
+            return cls("limit", int(m.group(1)))
+        raise ConfigError(f"fair must be one of {', '.join(POLICIES)} (N >= 1), not {text!r}")
+
+    @property
+    def query(self) -> str:
+        """Return the name of this policy's claim query."""
+        return "claim_round_robin" if self.policy == "round-robin" else "claim_limit"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"limit": self.limit} if self.policy == "limit" else {}
+
+    def __str__(self) -> str:
+        return self.policy if self.policy == "round-robin" else f"limit={self.limit}"
+
+
+def fair(value: Fair | str | None) -> Fair | None:
+    """Return the policy for a ``--fair`` value (None: the FIFO claim)."""
+    if value is None or isinstance(value, Fair):
+        return value
+    return Fair.parse(value)
+
+
+def flag(text: str) -> str:
+    """Parse ``--fair``'s value for argparse: the policy, written the one way."""
+    try:
+        return str(Fair.parse(text))
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

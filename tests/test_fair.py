@@ -1,0 +1,117 @@
+"""The production worker's fair claims (``--fair round-robin|limit=N``): who is served, and when."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tenantlab import db, queue
+from tenantlab.experiments._workers import fleet
+from tenantlab.jobqueue import ConfigError, Leased, WorkerOptions, enqueue
+from tenantlab.jobqueue.fair import Fair
+from tenantlab.jobqueue.options import add_flags, from_args, to_argv
+from tenantlab.queries import q
+
+NOOP = {"noop": lambda conn, job: None}
+
+
+@pytest.fixture
+def conn(scratch: db.Scratch):
+    with scratch.connect("worker", "test fair", autocommit=True) as c:
+        yield c
+
+
+def burst_then_small(conn: psycopg.Connection, burst: int, small: range) -> None:
+    """Tenant 1 queues a burst; then each small tenant one job, after it (higher ids)."""
+    for _ in range(burst):
+        enqueue(conn, "noop", tenant=1)
+    for t in small:
+        enqueue(conn, "noop", tenant=t)
+
+
+def test_fair_values_are_round_robin_or_limit_and_anything_else_says_what_is_valid() -> None:
+    assert Fair.parse("round-robin") == Fair("round-robin")
+    assert Fair.parse("limit=3") == Fair("limit", 3) and str(Fair("limit", 3)) == "limit=3"
+    for bad in ("fifo", "limit", "limit=0", "limit=-1", "round_robin"):
+        with pytest.raises(ConfigError, match="round-robin, limit=N"):
+            Fair.parse(bad)
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    options = from_args(WorkerOptions, parser.parse_args(["--fair", "limit=2"]))
+    assert options.fair == "limit=2" and to_argv(options) == ["--fair", "limit=2"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--fair", "weighted"])
+    with pytest.raises(ConfigError, match="lossy-claim has no fair variant"):
+        Leased(NOOP, fair="round-robin", lossy_claim=True)
+
+
+def test_round_robin_serves_every_tenant_once_before_the_burst_goes_on(conn) -> None:
+    burst_then_small(conn, 20, range(2, 6))
+    leased = Leased(NOOP, fair="round-robin")
+    served = []
+    while (outcome := leased.run_one(conn)) is not None:
+        assert outcome.status == "done"
+        served.append(outcome.claim.tenant_id)
+    # Tenants 2..5 queued after the whole burst, and each is served in the first round.
+    assert sorted(served[:5]) == [1, 2, 3, 4, 5]
+    assert served[5:] == [1] * 19
+    runs = conn.execute(q("run_counts")).fetchone()
+    assert runs == (24, 24, 0)  # every job ran, none twice
+
+
+def test_a_chained_claim_takes_the_next_tenant_in_turn(conn) -> None:
+    burst_then_small(conn, 5, range(2, 4))
+    leased = Leased(NOOP, fair="round-robin")
+    claim = leased.claim(conn)
+    assert claim is not None and claim.tenant_id == 1
+    done = leased.execute(conn, claim, claim_next=1)
+    assert done.status == "done" and [c.tenant_id for c in done.claimed] == [2]
+    nxt = leased.execute(conn, done.claimed[0], claim_next=1)
+    assert [c.tenant_id for c in nxt.claimed] == [3]
+    row = conn.execute("select status, attempts from jobs where id = %s",
+                       (nxt.claimed[0].id,)).fetchone()
+    assert row == ("running", 1)  # counted at the claim, with the finish's commit
+
+
+def test_limit_skips_a_tenant_at_its_limit_until_a_lease_runs_out(conn) -> None:
+    burst_then_small(conn, 5, range(2, 3))
+    leased = Leased(NOOP, fair="limit=2", lease=30)
+    tenants = [c.tenant_id for c in (leased.claim(conn), leased.claim(conn), leased.claim(conn))
+               if c is not None]
+    assert tenants == [1, 1, 2]  # the third claim skips tenant 1's three queued jobs
+    assert leased.claim(conn) is None  # tenant 1 runs 2: its jobs wait, nobody else has any
+    # A dead worker's job stops counting when its lease ends: tenant 1 is below its limit again.
+    conn.execute("update jobs set locked_until = clock_timestamp() - interval '1 second' "
+                  "where id = (select min(id) from jobs)")
+    again = leased.claim(conn)
+    assert again is not None and again.tenant_id == 1
+
+
+@pytest.mark.parametrize("fair", ["round-robin", "limit=1"])
+def test_fair_workers_start_a_small_tenant_early_starve_nobody_and_run_nothing_twice(
+        scratch: db.Scratch, fair: str) -> None:
+    with scratch.connect("worker", "test fair enqueue", autocommit=True) as conn:
+        queue.enqueue(conn, "noop", tenant=1, count=400)
+        for t in range(2, 21):
+            queue.enqueue(conn, "noop", tenant=t)
+        with tempfile.TemporaryDirectory() as tmp, fleet(scratch.worker) as f:
+            procs = [f.start(events=Path(tmp) / "events.jsonl", name=f"w{i}", fair=fair,
+                             until_empty=True, poll=0.05) for i in range(3)]
+            deadline = time.monotonic() + 120
+            while any(p.poll() is None for p in procs):
+                assert time.monotonic() < deadline, "the workers did not drain the queue"
+                time.sleep(0.1)
+        states = dict(conn.execute(q("job_counts")).fetchall())
+        runs = conn.execute(q("run_counts")).fetchone()
+        starts = dict(conn.execute(
+            "select j.tenant_id = 1, max(r.started) from jobs j join job_runs r on r.job_id = j.id "
+            "group by 1").fetchall())
+    assert states == {"done": 419}  # no job starves: the burst and every small tenant's
+    assert runs == (419, 419, 0)  # and none ran twice
+    # The small tenants queued after the whole burst, and were all served before it drained.
+    assert starts[False] < starts[True]
