@@ -28,6 +28,7 @@ OUTSIDE_HANG = "TENANTLAB_OUTSIDE_HANG"
 JUPYTER_TOKEN = "JUPYTER_TOKEN"
 PGBOUNCER = "TENANTLAB_PGBOUNCER"
 PGBOUNCER_URL = "TENANTLAB_PGBOUNCER_URL"
+PROBE_DSN = "TENANTLAB_PROBE_DSN"
 
 
 def _get(name: str) -> str | None:
@@ -134,3 +135,8 @@ def pgbouncer() -> Path | None:
 def pgbouncer_url() -> str | None:
     """Return a PgBouncer to use as it is (TENANTLAB_PGBOUNCER_URL; docker compose sets it)."""
     return _get(PGBOUNCER_URL)
+
+
+def probe_dsn() -> str | None:
+    """Return the DSN a vanish probe inside a network namespace connects to (set by its parent)."""
+    return _get(PROBE_DSN)

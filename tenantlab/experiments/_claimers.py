@@ -11,7 +11,6 @@ process start-up (a second of CPU each, on a shared machine) out of every round.
 
 from __future__ import annotations
 
-import os
 import resource
 import sys
 import time
@@ -20,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
-from .. import queue
+from .. import queue, settings
 from ..events import EventLog, NullLog
 from ..jobqueue import Claim
 from ..queries import q
@@ -63,7 +62,7 @@ def main(index: int, path: str) -> int:
     name = f"claimer-{index + 1}"
     log = EventLog(name, path)
     designs = {"skip": queue.Leased(backoff=0), "plain": PlainClaim(backoff=0)}
-    with psycopg.connect(os.environ["TENANTLAB_DSN"], autocommit=True,
+    with psycopg.connect(settings.dsn() or "", autocommit=True,
                          application_name=IDLE) as conn:
         conn.execute(q("claimers_listen"))
         log.emit("idle")

@@ -132,10 +132,11 @@ def leftovers(pid: int | None = None) -> list[str]:
 def _probe(mode: str) -> int:
     import psycopg
 
+    from .. import settings
     from ..jobqueue.queries import q as production_q
     from ..queries import q
 
-    dsn = os.environ["TENANTLAB_PROBE_DSN"]
+    dsn = settings.probe_dsn() or ""
     try:
         conn = psycopg.connect(dsn, autocommit=True, application_name=f"tenantlab probe {mode}")
         if mode == "listen":
