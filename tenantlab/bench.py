@@ -247,6 +247,28 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
     }
 
 
+def compare(jobs: int = 400, rounds: int = 2) -> Any:
+    """Return a small live comparison for notebook 09: jobs/s of each design on this server.
+
+    The naive single transaction, the corrected worker loop (durable claim), with a heartbeat,
+    and with ``--batch 10``; each measured ``rounds`` times in turn, the median kept, and its
+    per-job cost next to ``single``'s. procrastinate and PgQueuer: ``tenantlab bench --peers``.
+    """
+    import pandas as pd
+
+    names = ["single", "leased", "leased_heartbeat", "leased_batch"]
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    with db.scratch("bench") as s:
+        drain(s, "single", min(jobs, 100))  # warm up
+        for _ in range(rounds):
+            for n in names:
+                rates[n].append(drain(s, n, jobs)["jobs_per_s"])
+    med = {n: statistics.median(v) for n, v in rates.items()}
+    return pd.DataFrame([{"design": n, "jobs/s": round(med[n]),
+                          "cost per job vs single": f"{med['single'] / med[n]:.2f}x"}
+                         for n in names])
+
+
 def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int) -> dict[str, float]:
     out = {
         "leased_cost_vs_single": jps["single"] / jps["leased"],

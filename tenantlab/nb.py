@@ -235,6 +235,13 @@ def measured(result: Result) -> Any:
     return _flat(result.measured, "measured here")
 
 
+def settings(obj: Any) -> Any:
+    """Return a dataclass's fields (an experiment's settings) as a two-column table."""
+    import dataclasses
+
+    return _flat(dataclasses.asdict(obj), "value")
+
+
 def _flat(data: dict[str, Any], column: str) -> Any:
     rows: list[dict[str, str]] = []
 

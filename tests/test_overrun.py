@@ -169,7 +169,7 @@ def test_bad_variant_and_knobs_are_refused() -> None:
 def test_explorer_sliders_come_from_the_knobs() -> None:
     ex = charts.Explorer()
     assert set(ex.sliders) == {"lease", "heartbeat", "job", "poll", "max_runtime", "hang"}
-    assert ex.lease.value == overrun.Knobs().lease and ex.lease.layout.width == "300px"
+    assert ex.lease.value == overrun.Knobs().lease and ex.lease.layout.width == "400px"
     assert ex.hang.disabled  # not stuck: how long it would hang does not matter
     ex.use_heartbeat.value = False  # no heartbeat: no maximum runtime either
     assert ex.use_max_runtime.disabled and ex.max_runtime.disabled and ex.heartbeat.disabled

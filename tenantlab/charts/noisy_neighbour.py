@@ -31,7 +31,7 @@ def chart(df: pd.DataFrame) -> alt.TopLevelMixin:
         color=alt.Color("tenant:N", title=None,
                         scale=alt.Scale(domain=GROUPS, range=[NAIVE, CORRECTED])),
         tooltip=["policy", "tenant", "t", "value"],
-    ).properties(width=210, height=130).facet(
+    ).properties(width=150, height=120).facet(
         row=alt.Row("metric:N", title=None, sort=list(METRICS.values())),
         column=alt.Column("policy:N", title=None, sort=POLICIES),
     ).resolve_scale(y="independent").properties(
@@ -59,9 +59,15 @@ def tenants(res: Result) -> alt.Chart:
 def summary(res: Result) -> Any:
     """Return the waits and jobs/s per policy, the columns a reader compares."""
     assert res.table is not None
-    cols = ["small_tenants_wait_median_s", "small_tenants_wait_p95_s", "small_tenants_wait_max_s",
-            "noisy_tenant_wait_median_s", "noisy_tenant_wait_p95_s", "jobs_per_s", "duplicates"]
-    return res.table[[c for c in cols if c in res.table.columns]]
+    names = {"small_tenants_wait_median_s": "small tenants: median wait (s)",
+             "small_tenants_wait_p95_s": "small tenants: p95 wait (s)",
+             "small_tenants_wait_max_s": "small tenants: max wait (s)",
+             "noisy_tenant_wait_median_s": "noisy tenant: median wait (s)",
+             "noisy_tenant_wait_p95_s": "noisy tenant: p95 wait (s)",
+             "jobs_per_s": "jobs/s", "duplicates": "run twice"}
+    table = res.table.reset_index().rename(columns={"index": "policy"})
+    shown = table[[c for c in ["policy", *names] if c in table.columns]]
+    return nb.table(shown.rename(columns=names))
 
 
 def explorer() -> Any:

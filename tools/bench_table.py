@@ -1,0 +1,102 @@
+"""Write the README's benchmark table from a `tenantlab bench --json` file.
+
+    tenantlab bench --peers --json bench.json
+    python tools/bench_table.py bench.json          # rewrites README.md between the markers
+
+Every number in the table is what that run measured; the targets of the corrected worker are
+judged as ratios within the run (a busy machine slows every peer alike).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+
+ROWS = [
+    ("select1", "round-trip floor: `select 1` on one connection"),
+    ("single", "`single`: one transaction per job, error handler on"),
+    ("leased", "`leased`: the worker loop, durable claim, the next claim in the finish's commit"),
+    ("leased_run_one", "`leased_run_one`: the claim committed on its own, then the work"),
+    ("leased_heartbeat", "`leased_heartbeat`: one heartbeat thread per worker"),
+    ("leased_batch", "`leased_batch`: `--batch 10`"),
+    ("leased_batch_commit", "`leased_batch_commit`: `--batch 10 --batch-commit`"),
+    ("procrastinate", "procrastinate, its defaults"),
+    ("pgqueuer", "PgQueuer, its defaults"),
+]
+
+# (ratio key, target text, test)
+TARGETS = [
+    ("leased_cost_vs_single", "`leased` costs at most 1.1x `single` per job", lambda v: v <= 1.1),
+    ("leased_vs_procrastinate", "`leased` at least 2x procrastinate", lambda v: v >= 2),
+    ("leased_heartbeat_vs_leased", "heartbeat on: at least 0.9x `leased`", lambda v: v >= 0.9),
+    ("leased_batch_vs_pgqueuer", "`leased_batch` at least PgQueuer", lambda v: v >= 1),
+    ("leased_batch_commit_vs_pgqueuer", "`leased_batch_commit` at least PgQueuer",
+     lambda v: v >= 1),
+    ("claim_at_history_vs_0", "claim with the history at most 1.5x without", lambda v: v <= 1.5),
+    ("claim_empty_at_history_vs_0", "the same on an empty queue", lambda v: v <= 1.5),
+    ("workers_4_vs_1", "4 workers at least 2.5x one", lambda v: v >= 2.5),
+    ("workers_8_vs_4", "8 workers no slower than 4", lambda v: v >= 1),
+]
+
+
+def table(r: dict[str, Any]) -> str:
+    res = r["results"]
+    s = r.get("settings", {})
+    lines = [f"Measured by `tenantlab bench` on PostgreSQL {r['server_version']} (fsync "
+             f"{s.get('fsync', '?')}, synchronous_commit {s.get('synchronous_commit', '?')}), "
+             f"{r['jobs']:,} no-op jobs, one worker, median of {r['rounds']} rounds:", "",
+             "| what | jobs/s |", "|---|---|"]
+    for key, label in ROWS:
+        if key in res:
+            lines.append(f"| {label} | {res[key]['jobs_per_s']:,.0f} |")
+    if scaling := r.get("scaling"):
+        counts = " / ".join(scaling)
+        rates = " / ".join(f"{v:,.0f}" for v in scaling.values())
+        lines.append(f"| worker processes {counts} | {rates} |")
+    lines += ["", "| claim | ms |", "|---|---|"]
+    for h, v in sorted(r["history"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| with {int(h):,} finished jobs (queue empty) | {v['claim_ms']:.3f} "
+                     f"({v['claim_ms_empty_queue']:.3f}) |")
+    lat = r.get("idle_latency_ms", {})
+    if lat:
+        lines += ["", "| idle latency, enqueue to start | median ms | p95 ms |", "|---|---|---|"]
+        for name, v in lat.items():
+            how = "LISTEN/NOTIFY" if name == "leased" else "the poll alone"
+            lines.append(f"| {how} | {v['median']:.1f} | {v['p95']:.1f} |")
+    ratios = r.get("ratios", {})
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    for key, text, ok in TARGETS:
+        if key in ratios:
+            lines.append(f"| {text} | {ratios[key]:.2f}x | {'✓' if ok(ratios[key]) else '✗'} |")
+        else:
+            lines.append(f"| {text} | not measured (run with `--peers`) | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("json_file")
+    p.add_argument("--print", action="store_true", help="print the table instead of writing it")
+    args = p.parse_args(argv)
+    text = table(json.loads(Path(args.json_file).read_text()))
+    if args.print:
+        print(text)
+        return 0
+    readme = README.read_text()
+    if START not in readme or END not in readme:
+        print(f"README.md has no {START} ... {END} markers", file=sys.stderr)
+        return 1
+    head, rest = readme.split(START, 1)
+    README.write_text(f"{head}{START}\n{text}\n{END}{rest.split(END, 1)[1]}")
+    print("README.md: benchmark table updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
