@@ -14,12 +14,13 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from . import db, settings
+from . import db
+from . import settings as _settings
 from .finding import Knobs, Result
 from .server import ServerNotRunning
 
 #: "workshop" (default) or "full": the article's sizes. CI and the browser test use "workshop".
-SIZE = settings.size()
+SIZE = _settings.size()
 
 
 def full() -> bool:
