@@ -153,27 +153,30 @@ class Progress:
 
     def __init__(self, total: int, description: str = "") -> None:
         self.total, self.done, self.description = total, 0, description
-        self.bar = None
+        self.bar = self.label = None
         if in_notebook():
             import ipywidgets as w
 
             self.bar = w.IntProgress(value=0, min=0, max=max(total, 1), description=description,
                                      bar_style="info")
-            show(self.bar)
+            self.label = w.Label()
+            show(w.HBox([self.bar, self.label], layout=w.Layout(flex_flow="row wrap")))
 
     def __call__(self, n: int = 1) -> None:
         self.done += n
         if self.bar is not None:
             self.bar.value = min(self.done, self.total)
 
-    def set(self, done: int, total: int | None = None) -> None:
-        """Set the progress to done (of total, when it changed)."""
+    def set(self, done: int, total: int | None = None, note: str = "") -> None:
+        """Set the progress to done (of total, when it changed), with a note beside the bar."""
         self.done = done
         if total is not None:
             self.total = total
         if self.bar is not None:
             self.bar.max = max(self.total, 1)
             self.bar.value = min(done, self.total)
+        if self.label is not None and note:
+            self.label.value = note
 
     def close(self, ok: bool = True) -> None:
         if self.bar is not None:
@@ -216,12 +219,6 @@ def run_panel(rows: list[list[Any]], action: Callable[[], Any], label: str = "Ru
     wrap = w.Layout(flex_flow="row wrap")
     return w.VBox([*(w.HBox(r, layout=wrap) for r in rows[:-1]),
                    w.HBox([*rows[-1], button], layout=wrap), out])
-
-
-def verdict(ok: bool, expected: str, measured: str) -> str:
-    """Return the line printed beside a chart: what was expected, what was measured, agreed?"""
-    mark = "✓ as the article says" if ok else "✗ NOT as the article says"
-    return f"{mark}: expected {expected}; measured {measured}"
 
 
 def article(finding: str) -> Any:

@@ -33,7 +33,3 @@ def test_run_panel_shows_an_error_and_frees_the_button() -> None:
     button.click()  # the output area takes the traceback (as it shows it in a notebook)
     assert button.disabled is False
 
-
-def test_verdict_says_whether_the_article_held() -> None:
-    assert nb.verdict(True, "a", "a").startswith("✓ as the article says")
-    assert nb.verdict(False, "a", "b").startswith("✗ NOT as the article says")

@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+import readme_section
 
 ROWS = [
     ("select1", "round-trip floor: `select 1` on one connection"),
@@ -88,14 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print:
         print(text)
         return 0
-    readme = README.read_text()
-    if START not in readme or END not in readme:
-        print(f"README.md has no {START} ... {END} markers", file=sys.stderr)
-        return 1
-    head, rest = readme.split(START, 1)
-    README.write_text(f"{head}{START}\n{text}\n{END}{rest.split(END, 1)[1]}")
-    print("README.md: benchmark table updated")
-    return 0
+    return readme_section.write("bench", text)
 
 
 if __name__ == "__main__":

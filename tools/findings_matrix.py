@@ -11,8 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-START, END = "<!-- findings-matrix:start -->", "<!-- findings-matrix:end -->"
+import readme_section
 
 
 def matrix(result: dict) -> str:
@@ -38,15 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print:
         print(table)
         return 0
-    text = README.read_text()
-    if START not in text or END not in text:
-        print(f"README.md has no {START} ... {END} markers", file=sys.stderr)
-        return 1
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    README.write_text(f"{head}{START}\n{table}\n{END}{tail}")
-    print("README.md: findings matrix updated")
-    return 0
+    return readme_section.write("findings-matrix", table)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ import platform
 import sys
 from pathlib import Path
 
+import readme_section
+
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
 TIMINGS = ROOT / "test-output" / "notebook-seconds.json"
-START, END = "<!-- notebook-timings:start -->", "<!-- notebook-timings:end -->"
 BUDGET = 60  # seconds a notebook may take at workshop size
 
 
@@ -45,14 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print:
         print(text)
         return 0
-    readme = README.read_text()
-    if START not in readme or END not in readme:
-        print(f"README.md has no {START} ... {END} markers", file=sys.stderr)
-        return 1
-    head, rest = readme.split(START, 1)
-    README.write_text(f"{head}{START}\n{text}\n{END}{rest.split(END, 1)[1]}")
-    print("README.md: notebook timings updated")
-    return 0
+    return readme_section.write("notebook-timings", text)
 
 
 if __name__ == "__main__":

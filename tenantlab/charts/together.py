@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import altair as alt
@@ -51,9 +52,14 @@ def run_live(design: str, mix: together.Mix | None = None) -> together.Result:
     """Run one design with a live timeline and a progress bar (in a notebook)."""
     live = timeline.live(f"{design}: workers over time")
     nb.show(live)
+    mix = mix or together.Mix()
+    limit = mix.corrected_limit if design == "corrected" else mix.time_limit
+    started = time.monotonic()
     with nb.progress(1, f"{design}") as bar:
         def step(settled: int, total: int) -> None:
-            bar.set(settled, total)
+            # A queue that never settles stops at its time limit: the note says which it was.
+            bar.set(settled, total, f"{settled:,} of {total:,} jobs settled · "
+                                    f"{time.monotonic() - started:.0f} s (stops at {limit:.0f} s)")
         return together.run(design, mix=mix, live=live, progress=step)
 
 
