@@ -223,6 +223,20 @@ def test_a_batch_in_one_commit_still_fences_and_counts_each_job_on_its_own(conn)
     assert status(conn, poison)[:2] == ("dead", 1) and status(conn, nxt)[:2] == ("running", 1)
 
 
+def test_a_batch_in_one_commit_runs_each_job_as_its_own_tenant(conn) -> None:
+    # The next job's tenant is set in the same round trip as the previous job's finish; a
+    # fenced finish rolls that back, and the next job sets its tenant again.
+    ids = [queue.enqueue(conn, "count", tenant=t)[0] for t in (1, 2, 3, 4, 5)]
+    leased = queue.Leased(lease=30, backoff=0)
+    claims = leased.claim_many(conn, 5)
+    conn.execute("update jobs set attempts = 2 where id = %s", (ids[2],))  # tenant 3: taken over
+    outcomes = leased.run_together(conn, claims)
+    assert [(o.claim.tenant_id, o.status, o.result) for o in outcomes] == [
+        (1, "done", 20000), (2, "done", 10000), (3, "fenced", None), (4, "done", 5000),
+        (5, "done", 4000)]
+    runs = dict(conn.execute("select job_id, count(*) from job_runs group by job_id").fetchall())
+    assert runs == {ids[0]: 1, ids[1]: 1, ids[3]: 1, ids[4]: 1}
+
 def test_a_worker_with_batch_commit_runs_everything_to_a_final_state(scratch: db.Scratch,
                                                                      conn) -> None:
     from tenantlab import kinds

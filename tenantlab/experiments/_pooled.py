@@ -31,6 +31,7 @@ import psycopg
 from .. import db, queue, settings, tenant
 from ..events import EventLog
 from ..queries import q
+from ._procs import end
 
 
 class _Stop:
@@ -110,18 +111,8 @@ class Clients:
 
     def close(self) -> None:
         """Ask every live process to stop, then kill what is left; raise on one that failed."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        failed = []
-        for p in self.procs:
-            try:
-                _, err = p.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                _, err = p.communicate()
-            if p.returncode not in (0, -15):
-                failed.append(f"pid {p.pid} exited {p.returncode}: {(err or '').strip()[-300:]}")
+        failed = [f"pid {p.pid} exited {p.returncode}: {err.strip()[-300:]}"
+                  for p, err in end(self.procs) if p.returncode not in (0, -15)]
         self.procs = []
         if failed:
             raise RuntimeError(f"pgbouncer worker process failed: {failed[0]}")

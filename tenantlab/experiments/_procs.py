@@ -23,14 +23,22 @@ def spawned(argvs: list[list[str]], env: dict[str, str]) -> Iterator[list[subpro
                                           text=True))
         yield procs
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                _, err = p.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                _, err = p.communicate()
+        for p, err in end(procs):
             if err and p.returncode not in (0, -signal.SIGTERM):
                 log.warning("pid %s exited %s: %s", p.pid, p.returncode, err[-500:])
+
+
+def end(procs: list[subprocess.Popen]) -> list[tuple[subprocess.Popen, str]]:
+    """Ask every live process to stop (SIGTERM), kill what is left after 10 s; their stderr."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    ended = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        ended.append((p, err or ""))
+    return ended

@@ -27,6 +27,7 @@ from .. import db, events
 from ..eventtable import frame
 from ..jobqueue.options import to_argv
 from ..worker import WorkerConfig
+from ._procs import end
 
 log = logging.getLogger("tenantlab")
 
@@ -71,15 +72,7 @@ class Fleet:
 
     def close(self) -> None:
         """Ask every live worker to stop, then kill what is left; read their stderr."""
-        live = [p for p in self.procs if p.poll() is None]
-        for p in live:
-            p.terminate()
-        for p in self.procs:
-            try:
-                _, err = p.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                _, err = p.communicate()
+        for p, err in end(self.procs):
             if err and p.returncode not in (0, 1, -signal.SIGTERM):
                 log.warning("worker pid %s exited %s: %s", p.pid, p.returncode, err[-500:])
 

@@ -168,10 +168,9 @@ class Leased:
 
     def _start(self, conn: psycopg.Connection, claim: Claim) -> None:
         """Set the tenant (local form) and write the execution's job_runs row, in one statement."""
-        row = conn.execute(q("start_run"), {
-            "id": claim.id, "worker": claim.worker, "attempt": claim.attempt,
-            "tenant": str(claim.tenant_id),
-        }).fetchone()
+        self._started(claim, conn.execute(q("start_run"), _start_params(claim)).fetchone())
+
+    def _started(self, claim: Claim, row: Any) -> None:
         claim.run_id = row[0] if row else None
         claim.events.emit("execute", job=claim.id, attempt=claim.attempt,
                           tenant=claim.tenant_id, kind=claim.kind)
@@ -267,20 +266,45 @@ class Leased:
         results: list[tuple[Claim, Outcome]] = []
         claimed: list[Claim] = []
         with _work_transaction(conn):
-            for c in claims:
+            started = -1  # the last job whose savepoint and start were sent
+            for i, c in enumerate(claims):
+                # Savepoint j<i> is never released: a fenced or failing job rolls back to it.
+                # Pipelined, a done job costs one round trip: its fenced finish travels with
+                # the next job's savepoint and start (a fenced finish rolls those back too,
+                # and the next job starts again).
                 try:
-                    with conn.transaction():  # a savepoint
-                        self._start(conn, c)
+                    try:
+                        if started < i:
+                            with conn.pipeline():
+                                conn.execute(f"savepoint j{i}")
+                                cur = conn.execute(q("start_run"), _start_params(c))
+                            self._started(c, cur.fetchone())
+                            started = i
                         result = self.handlers.lookup(c)(conn, c)
                         self.release(c)
-                        finished, _ = self._complete(conn, c)
-                        if not finished:
+                        nxt = claims[i + 1] if i + 1 < len(claims) else None
+                        with conn.pipeline():
+                            done = conn.execute(q("complete_if_owner"), {
+                                "id": c.id, "attempt": c.attempt, "run": c.run_id})
+                            if nxt is not None:
+                                conn.execute(f"savepoint j{i + 1}")
+                                cur = conn.execute(q("start_run"), _start_params(nxt))
+                        if not (row := done.fetchone()) or not row[0]:
                             raise LeaseLost(f"job {c.id} lease lost at attempt {c.attempt}")
+                        if nxt is not None:
+                            self._started(nxt, cur.fetchone())
+                            started = i + 1
+                    except (psycopg.OperationalError, psycopg.InterfaceError):
+                        raise  # the connection is gone: the worker reconnects
+                    except BaseException:
+                        if not conn.closed:
+                            conn.execute(f"rollback to savepoint j{i}")
+                        raise
                     results.append((c, Outcome(c, "done", result=result)))
                 except LeaseLost as e:
                     results.append((c, Outcome(c, "fenced", error=str(e))))
                 except (psycopg.OperationalError, psycopg.InterfaceError):
-                    raise  # the connection is gone: the worker reconnects
+                    raise
                 except Exception as e:
                     self.release(c)
                     text = error_text(e)
@@ -292,9 +316,9 @@ class Leased:
                     results.append((c, Outcome(c, status, error=text)))
             more = claim_next() if callable(claim_next) else claim_next
             if more:
-                with conn.cursor(row_factory=class_row(Claim)) as cur:
+                with conn.cursor(row_factory=class_row(Claim)) as claim_cur:
                     # The worker's own claim (FIFO, lossy or fair), as every other claim.
-                    claimed = sorted(cur.execute(*self._claim_query(more)).fetchall(),
+                    claimed = sorted(claim_cur.execute(*self._claim_query(more)).fetchall(),
                                      key=lambda c: c.id)
         # Committed: now it happened, and the events say so.
         for c, o in results:
@@ -336,6 +360,11 @@ def enqueue(conn: psycopg.Connection, kind: str, *, tenant: int, payload: Any = 
     }).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def _start_params(claim: Claim) -> dict[str, Any]:
+    return {"id": claim.id, "worker": claim.worker, "attempt": claim.attempt,
+            "tenant": str(claim.tenant_id)}
 
 
 def _name(conn: psycopg.Connection) -> str:
