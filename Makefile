@@ -77,7 +77,8 @@ reproduce: $(LAB_STAMP)
 	$(PY) tools/findings_matrix.py reproduce.json
 
 bench: $(LAB_STAMP)
-	$(VENV)/bin/tenantlab bench
+	$(VENV)/bin/tenantlab bench --json bench.json
+	$(PY) tools/bench_table.py bench.json
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check tenantlab tests

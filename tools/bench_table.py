@@ -75,6 +75,10 @@ def table(r: dict[str, Any]) -> str:
             lines.append(f"| {text} | {ratios[key]:.2f}x | {'✓' if ok(ratios[key]) else '✗'} |")
         else:
             lines.append(f"| {text} | not measured (run with `--peers`) | |")
+    if "leased" in lat:
+        median = lat["leased"]["median"]
+        lines.append(f"| idle latency median at most 10 ms | {median:.1f} ms | "
+                     f"{'✓' if median <= 10 else '✗'} |")
     return "\n".join(lines)
 
 
