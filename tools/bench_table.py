@@ -9,10 +9,7 @@ judged as ratios within the run (a busy machine slows every peer alike).
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import readme_section
@@ -83,15 +80,7 @@ def table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("json_file")
-    p.add_argument("--print", action="store_true", help="print the table instead of writing it")
-    args = p.parse_args(argv)
-    text = table(json.loads(Path(args.json_file).read_text()))
-    if args.print:
-        print(text)
-        return 0
-    return readme_section.write("bench", text)
+    return readme_section.from_json("bench", __doc__, table, argv)
 
 
 if __name__ == "__main__":

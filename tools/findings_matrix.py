@@ -6,10 +6,7 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
 
 import readme_section
 
@@ -29,15 +26,7 @@ def matrix(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("json_file")
-    p.add_argument("--print", action="store_true", help="print the table instead of writing it")
-    args = p.parse_args(argv)
-    table = matrix(json.loads(Path(args.json_file).read_text()))
-    if args.print:
-        print(table)
-        return 0
-    return readme_section.write("findings-matrix", table)
+    return readme_section.from_json("findings-matrix", __doc__, matrix, argv)
 
 
 if __name__ == "__main__":
