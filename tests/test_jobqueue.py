@@ -237,6 +237,17 @@ def test_a_batch_in_one_commit_runs_each_job_as_its_own_tenant(conn) -> None:
     runs = dict(conn.execute("select job_id, count(*) from job_runs group by job_id").fetchall())
     assert runs == {ids[0]: 1, ids[1]: 1, ids[3]: 1, ids[4]: 1}
 
+def test_a_batch_in_one_commit_finishes_with_the_designs_own_finish(conn) -> None:
+    # The lab's naive lease-only queue (no fence) batched too: the taken-over job is finished
+    # anyway, as that design does one job at a time.
+    taken, other = queue.enqueue(conn, "count", tenant=2, count=2)
+    naive = queue.Leased(lease=30, fence=False)
+    claims = naive.claim_many(conn, 2)
+    conn.execute("update jobs set attempts = 2 where id = %s", (taken,))
+    outcomes = naive.run_together(conn, claims)
+    assert [(o.claim.id, o.status) for o in outcomes] == [(taken, "done"), (other, "done")]
+    assert status(conn, taken)[:2] == ("done", 2)
+
 def test_a_worker_with_batch_commit_runs_everything_to_a_final_state(scratch: db.Scratch,
                                                                      conn) -> None:
     from tenantlab import kinds

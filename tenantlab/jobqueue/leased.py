@@ -175,12 +175,16 @@ class Leased:
         claim.events.emit("execute", job=claim.id, attempt=claim.attempt,
                           tenant=claim.tenant_id, kind=claim.kind)
 
+    def _finish(self, claim: Claim) -> tuple[str, dict[str, Any]]:
+        """The statement that finishes a job: fenced, only the claimed attempt may finish."""
+        return q("complete_if_owner"), {"id": claim.id, "attempt": claim.attempt,
+                                        "run": claim.run_id}
+
     def _complete(self, conn: psycopg.Connection, claim: Claim,
                   claim_next: int = 0) -> tuple[bool, list[Claim]]:
         """Finish the job if this attempt still owns it (False = fenced out); claim the next."""
-        params = {"id": claim.id, "attempt": claim.attempt, "run": claim.run_id}
         if not claim_next or self.fair:
-            row = conn.execute(q("complete_if_owner"), params).fetchone()
+            row = conn.execute(*self._finish(claim)).fetchone()
             if not (row and row[0]) or not claim_next:
                 return bool(row and row[0]), []
             # A fair claim has no finish-and-claim statement: its own statement, in the same
@@ -188,8 +192,9 @@ class Leased:
             with conn.cursor(row_factory=class_row(Claim)) as cur:
                 claims = cur.execute(*self._claim_query(claim_next)).fetchall()
             return True, sorted(claims, key=lambda c: c.id)
-        rows = conn.execute(q("complete_if_owner_and_claim"),
-                            dict(params, lease=self.lease, batch=claim_next)).fetchall()
+        rows = conn.execute(q("complete_if_owner_and_claim"), {
+            "id": claim.id, "attempt": claim.attempt, "run": claim.run_id,
+            "lease": self.lease, "batch": claim_next}).fetchall()
         claims = sorted((Claim(id=r[1], tenant_id=r[2], attempt=r[3], kind=r[4], payload=r[5])
                          for r in rows if r[1] is not None), key=lambda c: c.id)
         return bool(rows and rows[0][0]), claims
@@ -284,8 +289,7 @@ class Leased:
                         self.release(c)
                         nxt = claims[i + 1] if i + 1 < len(claims) else None
                         with conn.pipeline():
-                            done = conn.execute(q("complete_if_owner"), {
-                                "id": c.id, "attempt": c.attempt, "run": c.run_id})
+                            done = conn.execute(*self._finish(c))
                             if nxt is not None:
                                 conn.execute(f"savepoint j{i + 1}")
                                 cur = conn.execute(q("start_run"), _start_params(nxt))
