@@ -16,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from . import db, pgbouncer, reproduce, settings
 from .errors import TenantlabError
-from .experiments import FINDINGS
+from .experiments import REGISTRY
 from .jobqueue.jobs import JobQueueError
 from .server import REPO, ServerError, alive, embedded, port_free
 
@@ -163,9 +163,9 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    unknown = [i for i in args.ids if i not in FINDINGS]
+    unknown = [i for i in args.ids if i not in REGISTRY]
     if unknown:
-        valid = ", ".join(FINDINGS) or "none registered yet"
+        valid = ", ".join(REGISTRY)
         print(f"tenantlab reproduce: unknown finding {', '.join(unknown)}; valid ids: {valid}",
               file=sys.stderr)
         return 2
@@ -234,7 +234,7 @@ def parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("reproduce", help="regenerate the article's findings on this server")
     rep.add_argument("ids", nargs="*", metavar="ID",
-                     help=f"finding ids (default: all): {', '.join(FINDINGS) or 'none yet'}")
+                     help=f"finding ids (default: all): {', '.join(REGISTRY)}")
     rep.add_argument("--full", action="store_true", help="the article's sizes (slower)")
     rep.add_argument("--json", metavar="FILE", help="write the results as JSON")
     rep.add_argument("--report", metavar="FILE",
@@ -307,6 +307,7 @@ def _tenant(text: str) -> int:
 def add_queue_commands(sub: argparse._SubParsersAction) -> None:
     """Add the worker, enqueue, reap, bench and export-worker subcommands."""
     from . import kinds
+    from .jobqueue.cli import add_reap_flags
     from .jobqueue.options import add_flags, count, seconds
     from .worker import WorkerConfig
 
@@ -329,14 +330,7 @@ def add_queue_commands(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(func=cmd_enqueue)
 
     r = sub.add_parser("reap", help="move exhausted jobs whose lease expired to dead")
-    r.add_argument("--requeue", action="store_true",
-                   help="also requeue expired jobs that have attempts left")
-    r.add_argument("--grace", type=seconds("grace", zero=True), default=0.0,
-                   help="seconds past the lease before acting")
-    r.add_argument("--loop", type=seconds("loop"), default=None,
-                   help="keep reaping every S seconds until stopped")
-    r.add_argument("--max-outage", type=seconds("max-outage"), default=None,
-                   help="with --loop: exit (status 3) after S seconds without the server")
+    add_reap_flags(r)
     r.add_argument("--dsn", default=None, help=DSN_HELP)
     r.set_defaults(func=cmd_reap)
 
@@ -395,26 +389,15 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 def cmd_reap(args: argparse.Namespace) -> int:
     from .events import EventLog
     from .jobqueue import EXIT_SERVER_LOST, ServerLost
-    from .jobqueue.cli import run_reaper
-    from .reaper import Reaper, ReaperConfig
+    from .jobqueue import cli as jobqueue_cli
     from .worker import worker_dsn
 
-    config = ReaperConfig(grace=args.grace, requeue=args.requeue,
-                          interval=args.loop or ReaperConfig.interval)
-    dsn = worker_dsn(args.dsn)
-    if args.loop is None:
-        with db.connect(dsn, "reaper", autocommit=True) as conn:
-            reaped = Reaper(conn, config).run_once()
-        for job in reaped:
-            print(f"job {job['id']}: {job['status']} (attempts {job['attempts']})")
-        print(f"reaped {len(reaped)} job{'s' if len(reaped) != 1 else ''}")
-        return 0
+    args.dsn = worker_dsn(args.dsn)
     try:
-        run_reaper(dsn, config, max_outage=args.max_outage, events=EventLog("reaper"))
+        return jobqueue_cli.cmd_reap(args, events=EventLog("reaper"))
     except ServerLost as e:
         print(f"tenantlab reap: {e}", file=sys.stderr)
         return EXIT_SERVER_LOST
-    return 0
 
 
 def cmd_export_worker(args: argparse.Namespace) -> int:

@@ -66,9 +66,6 @@ REGISTRY: dict[str, Entry] = {e.id: e for e in (
     Entry("pgbouncer", "pgbouncer", "12-pgbouncer-transaction-mode.ipynb"),
 )}
 
-#: finding id -> module name (kept for callers of the first registry).
-FINDINGS: dict[str, str] = {k: e.module_name for k, e in REGISTRY.items()}
-
 
 class UnknownFinding(TenantlabError, KeyError):
     def __str__(self) -> str:

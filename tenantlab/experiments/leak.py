@@ -99,13 +99,6 @@ class Knobs(finding.Knobs):
 VARIANTS = Knobs().variants()
 
 
-def variants_for(fail_job: int | None, autocommit: bool) -> tuple[Variant, Variant]:
-    """Return the naive (session form) and the corrected (local form) run for the same setting."""
-    tag = f"{'autocommit_' if autocommit else ''}{f'job{fail_job}_fails' if fail_job else 'ok'}"
-    return (Variant(f"session_{tag}", False, fail_job, autocommit),
-            Variant(f"local_{tag}", True, fail_job, autocommit))
-
-
 def _job(conn: psycopg.Connection, tenant_id: int, variant: Variant, fails: bool) -> int:
     # The corrected job wraps its work in a transaction so the local form has one to live in,
     # also in autocommit; the naive job relies on the pool's commit/rollback, as in the article.

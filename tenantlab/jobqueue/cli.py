@@ -82,14 +82,7 @@ def parser() -> argparse.ArgumentParser:
 
     reap = sub.add_parser("reap", help="give jobs whose lease expired a final state")
     reap.add_argument("--dsn", **dsn)
-    reap.add_argument("--requeue", action="store_true",
-                      help="also requeue expired jobs that have attempts left")
-    reap.add_argument("--grace", type=seconds("grace", zero=True), default=0.0,
-                      help="seconds past the lease before acting")
-    reap.add_argument("--loop", type=seconds("loop"), default=None,
-                      help="keep reaping every S seconds until stopped")
-    reap.add_argument("--max-outage", type=seconds("max-outage"), default=None,
-                      help="with --loop: exit (status 3) after S seconds without the server")
+    add_reap_flags(reap)
     reap.set_defaults(func=cmd_reap)
 
     pr = sub.add_parser("prune", help="delete finished jobs and runs older than an age, in batches")
@@ -117,7 +110,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return w.EXIT_STOPPED
 
 
-def cmd_reap(args: argparse.Namespace) -> int:
+def add_reap_flags(p: argparse.ArgumentParser) -> None:
+    """The reaper's flags (the kit's ``tenantlab reap`` has the same)."""
+    p.add_argument("--requeue", action="store_true",
+                   help="also requeue expired jobs that have attempts left")
+    p.add_argument("--grace", type=seconds("grace", zero=True), default=0.0,
+                   help="seconds past the lease before acting")
+    p.add_argument("--loop", type=seconds("loop"), default=None,
+                   help="keep reaping every S seconds until stopped")
+    p.add_argument("--max-outage", type=seconds("max-outage"), default=None,
+                   help="with --loop: exit (status 3) after S seconds without the server")
+
+
+def cmd_reap(args: argparse.Namespace, events: Any = None) -> int:
+    """Reap once (print what moved) or, with --loop, until stopped."""
     config = ReaperConfig(grace=args.grace, requeue=args.requeue,
                           interval=args.loop or ReaperConfig.interval)
     if args.loop is None:
@@ -127,7 +133,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
             print(f"job {job['id']}: {job['status']} (attempts {job['attempts']})")
         print(f"reaped {len(reaped)} job{'s' if len(reaped) != 1 else ''}")
         return 0
-    run_reaper(args.dsn, config, max_outage=args.max_outage)
+    run_reaper(args.dsn, config, max_outage=args.max_outage, events=events)
     return 0
 
 
