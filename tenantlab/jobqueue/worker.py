@@ -172,19 +172,22 @@ class Worker:
                                                   events=self.events)
         outcomes: list[Outcome] = []
         n = len(claims)
+
+        def more() -> int:
+            # The last finish claims the next batch in the same commit, unless the worker will
+            # stop (asked at the finish: a signal may come during the work).
+            return batch if self._goes_on(n) else 0
+
         if self.options.batch_commit and claims:
             try:
-                return self.queue.run_together(
-                    conn, claims, claim_next=lambda: batch if self._goes_on(n) else 0)
+                return self.queue.run_together(conn, claims, claim_next=more)
             finally:
                 for c in claims:
                     self.queue.release(c)
         try:
             for i, c in enumerate(claims):
-                # The last job's finish claims the next batch in the same commit, unless the
-                # worker will stop (asked at the finish: a signal may come during the work).
-                chain = (lambda: batch if self._goes_on(n) else 0) if i == n - 1 else 0
-                outcomes.append(self.queue.run_claimed(conn, c, claim_next=chain))
+                outcomes.append(self.queue.run_claimed(conn, c,
+                                                       claim_next=more if i == n - 1 else 0))
         finally:
             # Cut off mid-batch: the jobs not run yet must not keep fresh leases.
             for c in claims:
@@ -213,7 +216,9 @@ class Worker:
                     pass
                 return
 
+
     def _sleep(self, seconds: float) -> None:
+        """Wait between reconnects, cut short by a stop."""
         deadline = time.monotonic() + seconds
         while not self.stopping and time.monotonic() < deadline:
             time.sleep(min(0.05, seconds))
