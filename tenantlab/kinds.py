@@ -1,8 +1,9 @@
 """The demo job kinds, registered as handlers of the production worker: ``kinds.handlers``.
 
 count, sleep, fail, crash, noop, outside and outside_once (tenantlab/outside.py). Each runs
-inside the work's transaction, with the tenant already set locally and the ``job_runs`` row
-already written;
+inside the work's transaction, with the tenant already set locally; ``sleep`` and ``outside``
+write a row first when their payload says ``"write": true`` (a handler that writes holds a
+transaction id until its finish commits; one that does not holds none);
 ``job.events`` is the worker's event log. Add a kind with ``@handlers.register("name")``.
 """
 

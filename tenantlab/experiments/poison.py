@@ -119,7 +119,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
 
 def script(events: pd.DataFrame, variant: str) -> pd.DataFrame:
     """Return the interleaved script of one variant: who did what, and what was seen."""
-    words = {"claim": "claims", "execute": "starts (job_runs row written)", "finish": "finishes",
+    words = {"claim": "claims", "execute": "starts", "finish": "finishes",
              "fail": "fails", "dead": "marks dead", "idle": "finds the queue empty"}
     d = events[(events["worker"] == variant) & events["event"].isin(list(words))]
     lines = []

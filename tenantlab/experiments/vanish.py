@@ -1,7 +1,8 @@
 """Finding ``vanish``: a worker disappears mid-job without closing anything, and the server waits.
 
-Beyond the article. A worker claims a job and, inside its work's transaction, vanishes: its
-network goes silent (no FIN, no RST) or its process is frozen. Three runs:
+Beyond the article. A worker claims a job whose handler writes and, inside its work's
+transaction, vanishes: its network goes silent (no FIN, no RST) or its process is frozen. (A
+handler that has not written holds no xid: the corrected worker's start is a read.) Three runs:
 
 - ``proxy`` (tenantlab/netproxy.py, on the lab's server): the backend stays *idle in
   transaction* holding its locks and its xid (the horizon, notebook 07); the lease lets worker
@@ -30,8 +31,9 @@ from ..heartbeat import check as check_heartbeat
 from . import _cluster, _netns, _tcp
 from ._vanish_run import vanish
 
-CLAIM = ("A worker that vanishes mid-job (a network blackhole, a frozen process) leaves its "
-         "backend idle in transaction, holding its locks and the horizon, until a timer ends "
+CLAIM = ("A worker that vanishes mid-job (a network blackhole, a frozen process) after its "
+         "handler wrote leaves its backend idle in transaction, holding its locks and the "
+         "horizon, until a timer ends "
          "it: hours with the kernel's defaults, seconds with keepalives, tcp_user_timeout or "
          "idle_in_transaction_session_timeout; meanwhile the lease lets another worker take "
          "the job, the vanished worker's late finish is fenced, and the outside world sees "

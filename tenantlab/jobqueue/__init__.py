@@ -3,13 +3,17 @@
 Standalone: it imports only the standard library and psycopg, so it can be vendored into an
 application (``tenantlab export-worker DIR``). The pieces:
 
-- ``handlers`` / ``Handlers``: the application's functions by job kind;
+- ``migrations``: the tables, in a schema of their own (``jobqueue``), by numbered migrations;
+- ``handlers`` / ``Handlers``: the application's functions by job kind (a worker claims only
+  the kinds it has);
 - ``enqueue(conn, kind, tenant=..., payload=...)``: queue a job in the caller's transaction;
-- ``Leased``: claim (attempt counted, durable) / execute (tenant set locally) / fail, fenced;
-- ``Heartbeats``: one thread per worker extending every lease it holds, up to a maximum runtime;
-- ``Reaper`` and ``prune``: final states for expired leases, and history kept bounded;
+- ``Leased``: claim (attempt counted, durable) / execute (fenced start, tenant set locally,
+  nothing held while a handler does not write) / fail, fenced;
+- ``Heartbeats``: one thread per worker extending every lease it holds (on by default, every
+  third of the lease), up to a maximum runtime;
+- ``Reaper`` and ``prune``: final states for expired leases (after a grace), history bounded;
 - ``Worker`` and ``WorkerOptions``: the loop (LISTEN/NOTIFY, reconnects, clean stop);
-- ``python -m`` this package: ``worker`` (default), ``reap``, ``prune``, ``schema``.
+- ``python -m`` this package: ``worker`` (default), ``reap``, ``prune``, ``migrate``.
 """
 
 from .handlers import Handler, Handlers, handlers
@@ -25,7 +29,7 @@ from .jobs import (
     Status,
     UnknownKind,
 )
-from .leased import Leased, Work, enqueue
+from .leased import Leased, Work, broken, enqueue
 from .options import WorkerOptions
 from .reaper import Reaper, ReaperConfig, prune
 from .tenant import TenantContextError, set_tenant_local
@@ -36,6 +40,6 @@ __all__ = [
     "Claim", "ConfigError", "Events", "Handler", "Handlers", "Heartbeat", "HeartbeatConfig",
     "HeartbeatError", "Heartbeats", "JobQueueError", "LeaseLost", "Leased", "NullEvents",
     "Outcome", "Reaper", "ReaperConfig", "ServerLost", "Status", "TenantContextError",
-    "UnknownKind", "Work", "Worker", "WorkerOptions", "enqueue", "handlers", "prune",
+    "UnknownKind", "Work", "Worker", "WorkerOptions", "broken", "enqueue", "handlers", "prune",
     "set_tenant_local",
 ]

@@ -1,4 +1,4 @@
-"""Load this package's SQL: ``sql/schema.sql`` (the tables) and ``sql/queries.sql`` (named).
+"""Load this package's named queries, ``sql/queries.sql`` (the tables: ``migrations/``).
 
 A query starts at a ``-- name: NAME`` line; Python looks it up by name and passes parameters,
 never formats SQL.
@@ -38,7 +38,3 @@ def q(name: str) -> str:
     except KeyError:
         raise KeyError(f"no query named {name!r}; known: {', '.join(sorted(_queries()))}") from None
 
-
-def schema() -> str:
-    """Return the DDL that creates the tables (idempotent: ``if not exists`` throughout)."""
-    return (SQL_DIR / "schema.sql").read_text()
