@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from psycopg import sql
 
 from tenantlab import db
 
@@ -40,3 +43,39 @@ def scratch(admin_dsn: str, request: pytest.FixtureRequest) -> Iterator[db.Scrat
 def env_with_db(admin_dsn: str) -> dict[str, str]:
     """Environment for child processes (workers, notebooks) that must find this server."""
     return dict(os.environ, TENANTLAB_DATABASE_URL=admin_dsn)
+
+
+_fresh = itertools.count(1)
+
+
+@pytest.fixture
+def fresh_db(admin_dsn: str) -> Iterator[dict[str, str]]:
+    """A fresh database (not the lab's template) owned by a throwaway owner role, and a
+    throwaway worker role with no grants: what an application's own server looks like.
+
+    Keys: ``admin`` (the admin's DSN on it), ``owner`` and ``worker_role`` (role names),
+    ``worker`` (the worker role's DSN). Dropped afterwards, roles too.
+    """
+    pid, n = os.getpid(), next(_fresh)
+    name, owner, worker = (f"tenantlab_fresh_{pid}_{n}", f"jq_owner_{pid}_{n}",
+                           f"jq_worker_{pid}_{n}")
+    password = secrets.token_hex(12)
+    ident = sql.Identifier
+
+    def drop(admin) -> None:
+        admin.execute(sql.SQL("drop database if exists {} with (force)").format(ident(name)))
+        for role in (worker, owner):
+            admin.execute(sql.SQL("drop role if exists {}").format(ident(role)))
+
+    with db.connect(admin_dsn, "test fresh db", autocommit=True) as admin:
+        drop(admin)
+        admin.execute(sql.SQL("create role {} nologin").format(ident(owner)))
+        admin.execute(sql.SQL("create role {} login password {}").format(
+            ident(worker), sql.Literal(password)))
+        admin.execute(sql.SQL("create database {} owner {}").format(ident(name), ident(owner)))
+    try:
+        yield {"admin": db.with_db(admin_dsn, name), "owner": owner, "worker_role": worker,
+               "worker": db.with_db(admin_dsn, name, user=worker, password=password)}
+    finally:
+        with db.connect(admin_dsn, "test fresh db", autocommit=True) as admin:
+            drop(admin)

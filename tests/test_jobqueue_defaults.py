@@ -392,32 +392,6 @@ def test_both_command_lines_refuse_fair_with_lossy_claim(scratch: db.Scratch,
 
 # 10 -----------------------------------------------------------------------------------------
 
-@pytest.fixture
-def uuid_db(admin_dsn: str) -> Iterator[dict[str, str]]:
-    """A fresh database (not the template) owned by a throwaway owner; a throwaway worker role."""
-    pid = os.getpid()
-    name, owner, worker = (f"tenantlab_uuid_{pid}_1", f"jq_defaults_owner_{pid}",
-                           f"jq_defaults_worker_{pid}")
-    password = uuid.uuid4().hex
-    ident = sql.Identifier
-    with db.connect(admin_dsn, "test defaults uuid", autocommit=True) as admin:
-        admin.execute(sql.SQL("drop database if exists {} with (force)").format(ident(name)))
-        for role in (worker, owner):
-            admin.execute(sql.SQL("drop role if exists {}").format(ident(role)))
-        admin.execute(sql.SQL("create role {} nologin").format(ident(owner)))
-        admin.execute(sql.SQL("create role {} login password {}").format(
-            ident(worker), sql.Literal(password)))
-        admin.execute(sql.SQL("create database {} owner {}").format(ident(name), ident(owner)))
-    try:
-        yield {"admin": db.with_db(admin_dsn, name), "owner": owner, "worker_role": worker,
-               "worker": db.with_db(admin_dsn, name, user=worker, password=password)}
-    finally:
-        with db.connect(admin_dsn, "test defaults uuid", autocommit=True) as admin:
-            admin.execute(sql.SQL("drop database if exists {} with (force)").format(ident(name)))
-            for role in (worker, owner):
-                admin.execute(sql.SQL("drop role if exists {}").format(ident(role)))
-
-
 WORKER_GRANTS = """
 grant usage on schema jobqueue to {worker};
 grant select, insert, update, delete on jobqueue.jobs, jobqueue.job_runs to {worker};
@@ -427,13 +401,13 @@ grant select, insert, update on jobqueue.tenant_turns to {worker};
 """
 
 
-def test_uuid_tenants_each_run_as_their_own_tenant(uuid_db: dict[str, str]) -> None:
+def test_uuid_tenants_each_run_as_their_own_tenant(fresh_db: dict[str, str]) -> None:
     from tenantlab.jobqueue.migrations import migrate
 
-    with psycopg.connect(uuid_db["admin"], autocommit=True) as c:
-        c.execute(sql.SQL("set role {}").format(sql.Identifier(uuid_db["owner"])))
+    with psycopg.connect(fresh_db["admin"], autocommit=True) as c:
+        c.execute(sql.SQL("set role {}").format(sql.Identifier(fresh_db["owner"])))
         assert migrate(c, tenant_type="uuid")
-        c.execute(sql.SQL(WORKER_GRANTS).format(worker=sql.Identifier(uuid_db["worker_role"])))
+        c.execute(sql.SQL(WORKER_GRANTS).format(worker=sql.Identifier(fresh_db["worker_role"])))
     tenants = [uuid.uuid4() for _ in range(3)]
     seen: dict[int, tuple[Any, str]] = {}
 
@@ -441,11 +415,11 @@ def test_uuid_tenants_each_run_as_their_own_tenant(uuid_db: dict[str, str]) -> N
         seen[job.id] = (job.tenant_id, c.execute("select current_setting('app.tenant')")
                         .fetchone()[0])
 
-    with psycopg.connect(uuid_db["worker"], autocommit=True) as c:
+    with psycopg.connect(fresh_db["worker"], autocommit=True) as c:
         with c.transaction():
             ids = [enqueue(c, "whoami", tenant=t) for t in tenants]
         options = WorkerOptions(until_empty=True, listen=False)
-        with in_thread(Worker(uuid_db["worker"], options, {"whoami": whoami})) as w:
+        with in_thread(Worker(fresh_db["worker"], options, {"whoami": whoami})) as w:
             pass
         assert w.error is None, w.error
         jobs = c.execute("select id, status, attempts from jobqueue.jobs order by id").fetchall()
