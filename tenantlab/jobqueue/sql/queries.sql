@@ -241,7 +241,7 @@ select max(version) from jobqueue.migrations;
 -- What a worker needs and this role lacks (each privilege alone: has_table_privilege with a
 -- list is true when any of them is held).
 -- name: missing_grants
-select format('%%s on %%s', p.privilege, p.object)
+select p.privilege || ' on ' || p.object
   from (values ('select', 'jobqueue.jobs'), ('update', 'jobqueue.jobs'),
                ('insert', 'jobqueue.job_runs'), ('select', 'jobqueue.claimable'),
                ('update', 'jobqueue.claimable'), ('select', 'jobqueue.migrations'))
