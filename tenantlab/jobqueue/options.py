@@ -115,7 +115,7 @@ class WorkerOptions:
         return self.heartbeat or None
 
 
-def _flag(f: dataclasses.Field) -> str:
+def _flag(f: dataclasses.Field[Any]) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
