@@ -111,9 +111,9 @@ def parser() -> argparse.ArgumentParser:
     mi = sub.add_parser("migrate", aliases=["schema"],
                         help="apply the queue's migrations (as the role that owns the schema)")
     mi.add_argument("--dsn", **dsn)
-    mi.add_argument("--tenant-type", choices=TENANT_TYPES, default="bigint",
-                    help="the type of your tenant ids, fixed by the first migration "
-                         "(default: bigint)")
+    mi.add_argument("--tenant-type", choices=TENANT_TYPES, default=None,
+                    help="the type of your tenant ids, fixed at install by the first migration "
+                         "(default: bigint; later runs keep the installed type)")
     mi.set_defaults(func=cmd_migrate)
     return p
 
