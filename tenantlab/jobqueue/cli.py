@@ -40,7 +40,6 @@ from .reaper import Reaper, ReaperConfig, prune
 PROG = f"python -m {__package__}"
 DSN_ENV = "JOBQUEUE_DSN"
 COMMANDS = ("worker", "reap", "prune", "migrate", "schema")
-TENANT_TYPES = ("bigint", "integer", "uuid", "text")
 DEBUG = "--debug"
 
 SIGNALS = ("SIGTERM or SIGINT stops the worker after its current job (or batch); a second one "
@@ -111,7 +110,7 @@ def parser() -> argparse.ArgumentParser:
     mi = sub.add_parser("migrate", aliases=["schema"],
                         help="apply the queue's migrations (as the role that owns the schema)")
     mi.add_argument("--dsn", **dsn)
-    mi.add_argument("--tenant-type", choices=TENANT_TYPES, default=None,
+    mi.add_argument("--tenant-type", choices=migrations.TENANT_TYPES, default=None,
                     help="the type of your tenant ids, fixed at install by the first migration "
                          "(default: bigint; later runs keep the installed type)")
     mi.set_defaults(func=cmd_migrate)
@@ -135,8 +134,8 @@ def add_reap_flags(p: argparse.ArgumentParser) -> None:
     """The reaper's flags (the kit's ``tenantlab reap`` has the same)."""
     p.add_argument("--requeue", action="store_true",
                    help="also requeue expired jobs that have attempts left")
-    p.add_argument("--grace", type=seconds("grace", zero=True), default=0.0,
-                   help="seconds past the lease before acting")
+    p.add_argument("--grace", type=seconds("grace", zero=True), default=ReaperConfig.grace,
+                   help="seconds past the lease before acting (default: %(default)s)")
     p.add_argument("--loop", type=seconds("loop"), default=None,
                    help="keep reaping every S seconds until stopped")
     p.add_argument("--max-outage", type=seconds("max-outage"), default=None,
