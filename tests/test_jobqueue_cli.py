@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tenantlab import db
+from tenantlab.jobqueue import enqueue
+from tenantlab.netproxy import Proxy
 
 PROG = [sys.executable, "-m", "tenantlab.jobqueue"]
 EXIT_CONFIG = 2
@@ -44,6 +48,11 @@ MODULES = {
     "raising_handlers": """
         raise RuntimeError("the settings module is not configured")
     """,
+    "slow_handlers": """
+        import time
+        from tenantlab.jobqueue import Handlers
+        handlers = Handlers({"slow": lambda conn, job: time.sleep(120)})
+    """,
 }
 
 COMMAND_ARGS = {
@@ -61,15 +70,19 @@ def home(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def child_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBQUEUE_", "PG"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(home), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 def run(home: Path, *args: str, dsn: str | None = None,
         timeout: float = WAIT) -> subprocess.CompletedProcess:
     """Run the command line in `home`; fail (not hang) if it is still running after `timeout`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBQUEUE_", "PG"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(home), *filter(None, [env.get("PYTHONPATH")])])
     argv = [*PROG, *args] + (["--dsn", dsn] if dsn is not None else [])
     try:
-        return subprocess.run(argv, cwd=home, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(argv, cwd=home, env=child_env(home), capture_output=True,
+                              text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
         pytest.fail(f"{' '.join(args)}: still running after {timeout:g} s (retrying a "
@@ -209,7 +222,78 @@ def test_debug_shows_the_traceback(home: Path, scratch: db.Scratch) -> None:
     assert r.returncode != 0 and "Traceback" in r.stderr and "SyntaxError" in r.stderr
 
 
-# --- what works ---------------------------------------------------------------------------------
+# --- what works, and what is an outage ----------------------------------------------------------
+
+def start_worker(home: Path, dsn: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([*PROG, "worker", *args, "--dsn", dsn], cwd=home,
+                            env=child_env(home), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(what: str, check, proc: subprocess.Popen, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert proc.poll() is None, f"exited {proc.returncode} before {what}: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.1)
+
+
+def finish(proc: subprocess.Popen, timeout: float = WAIT) -> tuple[int, str]:
+    """Wait for the process's exit; kill it (and fail) if it does not come."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"still running after {timeout:g} s")
+    return proc.returncode, err
+
+
+def test_a_server_that_was_reachable_and_went_away_is_an_outage(home: Path,
+                                                                scratch: db.Scratch) -> None:
+    proxy = Proxy(int(conninfo_to_dict(scratch.worker)["port"]))
+    dsn = make_conninfo(scratch.worker, host="127.0.0.1", port=str(proxy.port))
+    proc = start_worker(home, dsn, "--handlers", "good_handlers", "--max-outage", "1")
+    try:
+        with scratch.connect("admin", "test cli", autocommit=True) as admin:
+            wait_for("the worker's session", lambda: admin.execute(
+                "select count(*) from pg_stat_activity where application_name like "
+                "'tenantlab worker-%%'").fetchone()[0] == 1, proc)
+        proxy.close()  # the server goes away: its sessions cut, new connections refused
+        code, err = finish(proc)
+    finally:
+        proxy.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert code == 3, err
+    assert "Traceback" not in err
+    assert err.count("lost the server") == 1, err  # one line per outage, not per retry
+
+
+def test_a_second_sigterm_stops_a_worker_at_once(home: Path, scratch: db.Scratch) -> None:
+    with scratch.connect("worker", "test cli", autocommit=True) as conn:
+        job = enqueue(conn, "slow", tenant=1)
+        proc = start_worker(home, scratch.worker, "--handlers", "slow_handlers", "--lease", "300")
+        try:
+            wait_for("the job running", lambda: conn.execute(
+                "select status from jobqueue.jobs where id = %s", (job,)).fetchone()[0]
+                == "running", proc)
+            proc.send_signal(signal.SIGTERM)  # the first waits for the job (120 s)...
+            time.sleep(0.5)
+            assert proc.poll() is None, proc.stderr.read()
+            proc.send_signal(signal.SIGTERM)  # ...the second does not
+            code, err = finish(proc, timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        row = conn.execute("select status, attempts from jobqueue.jobs where id = %s",
+                           (job,)).fetchone()
+    assert code == 130, err
+    assert "Traceback" not in err
+    assert row == ("running", 1)  # rolled back, still leased: retried, counted, once it expires
+
 
 def test_a_worker_with_a_good_configuration_starts(home: Path, scratch: db.Scratch) -> None:
     r = run(home, *COMMAND_ARGS["worker"], "--until-empty", dsn=scratch.worker)
