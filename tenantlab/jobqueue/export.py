@@ -173,19 +173,18 @@ def export(target: str | Path, name: str = "jobqueue", *, force: bool = False) -
         raise ExportRefused(f"{dest} is not empty and is not an earlier export (no {MARKER}): "
                             "choose another --name or DIR, or pass --force to write into it "
                             "(same-named files overwritten, nothing deleted)")
-    for rel in earlier or []:
-        _remove(dest, rel)
+    for listed in earlier or []:
+        _remove(dest, listed)
     wrote: list[str] = []
     for pattern in FILES:
         for src in sorted(HERE.glob(pattern)):
-            rel = src.relative_to(HERE)
-            out = dest / rel
+            out = dest / src.relative_to(HERE)
             out.parent.mkdir(parents=True, exist_ok=True)
             text = src.read_text()
             if name != SOURCE:
                 text = text.replace(SOURCE, name)
             out.write_text(text)
-            wrote.append(rel.as_posix())
+            wrote.append(src.relative_to(HERE).as_posix())
     (dest / "README.md").write_text(README.format(name=name, source=SOURCE, marker=MARKER))
     wrote.append("README.md")
     # Written last: an export cut short leaves no list, so the next one asks for --force
