@@ -344,6 +344,9 @@ def add_queue_commands(sub: argparse._SubParsersAction) -> None:
                        help="write the corrected worker into DIR as a standalone package")
     x.add_argument("dir", metavar="DIR", help="directory to write into (created if missing)")
     x.add_argument("--name", default="jobqueue", help="the package's name (default: jobqueue)")
+    x.add_argument("--force", action="store_true",
+                   help="write into DIR/NAME even if it holds files no earlier export wrote "
+                        "(same-named files are overwritten; nothing is deleted)")
     x.set_defaults(func=cmd_export_worker)
 
 
@@ -404,11 +407,11 @@ def cmd_export_worker(args: argparse.Namespace) -> int:
     from .jobqueue.export import export
 
     try:
-        dest = export(args.dir, args.name)
-    except ValueError as e:
+        dest = export(args.dir, args.name, force=args.force)
+    except ValueError as e:  # a bad name, or a target holding files no export wrote
         print(f"tenantlab export-worker: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {dest} and {Path(args.dir) / 'README.md'}", file=sys.stderr)
+    print(f"wrote {dest} (read {dest / 'README.md'})", file=sys.stderr)
     # Last line: the command that starts the exported worker (nothing else on PYTHONPATH needed).
     print(f"PYTHONPATH={Path(args.dir).resolve()} python -m {args.name} --dsn DSN")
     return 0

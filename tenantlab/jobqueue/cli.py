@@ -1,10 +1,19 @@
-"""The command line: ``python -m tenantlab.jobqueue [worker|reap|prune|schema] --dsn DSN``.
+"""The command line: ``python -m tenantlab.jobqueue [worker|reap|prune|migrate] --dsn DSN``.
 
 ``worker`` (the default) runs jobs with the handlers an application registered
 (``--handlers myapp.jobs`` imports that module first); ``reap`` gives expired leases a final
 state, once or ``--loop S``; ``prune --older-than S`` deletes finished jobs in batches;
-``schema`` creates the tables if they are missing. The DSN may come from ``JOBQUEUE_DSN``
-instead of the command line (where ``ps`` would show its password).
+``migrate`` (alias ``schema``) applies the queue's migrations, as the role that owns the schema.
+The DSN may come from ``JOBQUEUE_DSN`` instead of the command line (where ``ps`` would show its
+password).
+
+Exit statuses: 0 stopped; 1 crashed (a bug: traceback); 2 bad configuration, one line on stderr
+(a malformed DSN, a failed login, a missing database, a server not reachable at start, the
+schema missing or behind, a missing grant, a handlers module that fails to import, no handlers);
+3 lost the server for longer than ``--max-outage`` (a server that was reachable and went away:
+the worker reconnects until then); 130 stopped at once by a second signal.
+Signals: the first SIGTERM (or SIGINT) stops a worker after its current job or batch; a second
+one stops it at once (its job is rolled back, and retried, counted, once its lease runs out).
 """
 
 from __future__ import annotations
@@ -19,17 +28,24 @@ from typing import Any
 
 import psycopg
 
+from . import migrations
 from . import worker as w
 from .handlers import Handlers
 from .handlers import handlers as default_handlers
 from .jobs import ConfigError, JobQueueError
-from .migrations import migrate
 from .options import WorkerOptions, add_flags, count, from_args, seconds
+from .preflight import connect_checked, one_line, preflight
 from .reaper import Reaper, ReaperConfig, prune
 
 PROG = f"python -m {__package__}"
 DSN_ENV = "JOBQUEUE_DSN"
-COMMANDS = ("worker", "reap", "prune", "schema")
+COMMANDS = ("worker", "reap", "prune", "migrate", "schema")
+DEBUG = "--debug"
+
+SIGNALS = ("SIGTERM or SIGINT stops the worker after its current job (or batch); a second one "
+           "stops it at once (exit 130): the job in flight is rolled back and, once its lease "
+           "runs out, retried, counted. Exit statuses: 0 stopped, 1 crashed, 2 bad "
+           "configuration (one line on stderr), 3 lost the server for longer than --max-outage.")
 
 
 def load_handlers(spec: str | None) -> Handlers:
@@ -43,8 +59,11 @@ def load_handlers(spec: str | None) -> Handlers:
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"cannot import handlers module {module_name!r}: {e}") from e
+    except Exception as e:
+        # Whatever the import raised (a missing module, a SyntaxError, an error in the module's
+        # own top-level code) the worker cannot run: a configuration error, not a crash.
+        raise ConfigError(f"cannot import handlers module {module_name!r}: "
+                          f"{type(e).__name__}: {one_line(e)}") from e
     found = getattr(module, attr or "handlers", None)
     if found is None:
         if attr:
@@ -58,20 +77,18 @@ def load_handlers(spec: str | None) -> Handlers:
                       "from kind to function")
 
 
-def apply_schema(conn: psycopg.Connection) -> list[str]:
-    """Apply the migrations not applied yet; safe when many processes start at once."""
-    return migrate(conn)
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="log every job (any position)")
+    p.add_argument(DEBUG, action="store_true",
+                   help="show a traceback for configuration errors too (any position)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     dsn: dict[str, Any] = {"default": os.environ.get(DSN_ENV),
            "help": f"the database (default: ${DSN_ENV}); log in as an ordinary role"}
 
-    run = sub.add_parser("worker", help="run jobs until stopped (the default command)")
+    run = sub.add_parser("worker", help="run jobs until stopped (the default command)",
+                         description=f"Run jobs until stopped. {SIGNALS}")
     run.add_argument("--dsn", **dsn)
     run.add_argument("--handlers", metavar="MODULE[:ATTR]", default=None,
                      help="import MODULE for its handlers (default: the registry of this package)")
@@ -90,9 +107,13 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--batch", type=count("batch"), default=1000, help="rows per transaction")
     pr.set_defaults(func=cmd_prune)
 
-    sc = sub.add_parser("schema", help="create the tables unless they exist (as their owner)")
-    sc.add_argument("--dsn", **dsn)
-    sc.set_defaults(func=cmd_schema)
+    mi = sub.add_parser("migrate", aliases=["schema"],
+                        help="apply the queue's migrations (as the role that owns the schema)")
+    mi.add_argument("--dsn", **dsn)
+    mi.add_argument("--tenant-type", choices=migrations.TENANT_TYPES, default=None,
+                    help="the type of your tenant ids, fixed at install by the first migration "
+                         "(default: bigint; later runs keep the installed type)")
+    mi.set_defaults(func=cmd_migrate)
     return p
 
 
@@ -100,8 +121,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     options = from_args(WorkerOptions, args)
     handlers = load_handlers(args.handlers)
     if not handlers:
-        print(f"{PROG}: no handlers registered (see --handlers): every job will fail",
-              file=sys.stderr)
+        raise ConfigError("no handlers registered: pass --handlers MODULE, a module that "
+                          "registers its functions with @handlers.register(KIND)")
+    preflight(args.dsn, "worker")
     worker = w.Worker(args.dsn, options, handlers)
     w.stop_on_signals(worker)
     worker.run()
@@ -124,6 +146,7 @@ def cmd_reap(args: argparse.Namespace, events: Any = None) -> int:
     """Reap once (print what moved) or, with --loop, until stopped."""
     config = ReaperConfig(grace=args.grace, requeue=args.requeue,
                           interval=args.loop or ReaperConfig.interval)
+    preflight(args.dsn, "reaper")
     if args.loop is None:
         with w.connect(args.dsn, "reaper") as conn:
             reaped = Reaper(conn, config).run_once()
@@ -162,23 +185,34 @@ def run_reaper(dsn: str, config: ReaperConfig, *, max_outage: float | None = Non
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
+    preflight(args.dsn, "prune")
     with w.connect(args.dsn, "prune") as conn:
         gone = prune(conn, args.older_than, batch=args.batch)
     print(f"pruned {gone['jobs']} jobs and {gone['job_runs']} job_runs rows")
     return 0
 
 
-def cmd_schema(args: argparse.Namespace) -> int:
-    with w.connect(args.dsn, "schema") as conn:
-        apply_schema(conn)
-    print("schema ready")
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Apply the migrations not applied yet; print their names, or that none was needed."""
+    with connect_checked(args.dsn, "migrate") as conn:
+        try:
+            applied = migrations.migrate(conn, args.tenant_type)
+        except psycopg.errors.InsufficientPrivilege as e:
+            raise ConfigError(f"role {conn.info.user!r} may not create the queue's schema "
+                              f"({one_line(e)}): run migrate as the role that will own the "
+                              "schema jobqueue (the database owner, say), not the worker's") from e
+    for name in applied:
+        print(f"applied {name}")
+    print(f"{len(applied)} migration{'s' if len(applied) != 1 else ''} applied" if applied
+          else "up to date")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = bool({"-v", "--verbose"} & set(argv))
-    argv = [a for a in argv if a not in ("-v", "--verbose")]
+    debug = DEBUG in argv
+    argv = [a for a in argv if a not in ("-v", "--verbose", DEBUG)]
     if not any(a in COMMANDS for a in argv[:2]) and not {"-h", "--help"} & set(argv[:1]):
         argv.insert(0, "worker")  # `python -m NAME --dsn DSN` runs a worker
     p = parser()
@@ -193,7 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ConfigError as e:
+        if debug:
+            raise
         print(f"{PROG} {args.command}: {e}", file=sys.stderr)
+        return w.EXIT_CONFIG
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable) as e:
+        # Past the preflight (a grant revoked, the schema dropped while running): still the
+        # configuration, not a bug.
+        if debug:
+            raise
+        print(f"{PROG} {args.command}: {one_line(e)}: check the migrations (`migrate`) and "
+              "the grants of this role (README)", file=sys.stderr)
         return w.EXIT_CONFIG
     except w.ServerLost as e:
         print(f"{PROG} {args.command}: {e}", file=sys.stderr)

@@ -1,0 +1,84 @@
+"""Check once, at start, that the queue can work here: the DSN, the login, the database, the schema.
+
+A worker, reaper or pruner started with a wrong configuration must say what is wrong in one
+line and stop (exit 2, which a supervisor does not restart), not retry for ever as if the server
+were down. So the first connection is classified: a malformed DSN, a failed login, a missing
+database, a role without CONNECT, and a server that cannot be reached at all are configuration
+errors (``ConfigError``); then ``migrations.check`` says whether the schema is there, current,
+and granted to this role. Only a server that was reachable and then went away is an outage
+(the worker's reconnect loop, exit 3 after ``--max-outage``).
+
+Connection failures carry no SQLSTATE in libpq (the server's FATAL arrives before any result),
+so the class comes from ``sqlstate`` when there is one and from libpq's message otherwise; an
+unrecognised message still ends as a configuration error, only with a less specific hint.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+
+from . import migrations
+from .jobs import CONNECT, ConfigError
+
+APP = (__package__ or "jobqueue").split(".")[0]
+
+AUTH_STATES = ("28P01", "28000")  # invalid_password, invalid_authorization_specification
+NO_DATABASE = "3D000"  # invalid_catalog_name
+PRIVILEGE = "42501"  # insufficient_privilege
+
+# libpq's and the server's words for the same classes, for when there is no SQLSTATE.
+_AUTH = re.compile(r"authentication failed|no password supplied|pg_hba\.conf|"
+                   r"role \S+ does not exist|password is required", re.I)
+_NO_DATABASE = re.compile(r"database \S+ does not exist", re.I)
+_PRIVILEGE = re.compile(r"permission denied|CONNECT privilege", re.I)
+
+
+def preflight(dsn: str, name: str = "worker") -> None:
+    """Connect once and check the schema; raise ConfigError saying what to fix.
+
+    `name` tags the connection (``application_name``) as the command that checks.
+    """
+    with connect_checked(dsn, f"{name} preflight") as conn:
+        try:
+            migrations.check(conn)
+        except psycopg.errors.InsufficientPrivilege as e:
+            raise ConfigError(f"role {conn.info.user!r} lacks a grant the queue needs "
+                              f"({one_line(e)}): see the README's grants for the worker role"
+                              ) from e
+
+
+def connect_checked(dsn: str, name: str) -> psycopg.Connection:
+    """Open an autocommit connection; a failure to connect is a ConfigError saying what to fix."""
+    try:
+        return psycopg.connect(dsn, autocommit=True, application_name=f"{APP} {name}", **CONNECT)
+    except psycopg.ProgrammingError as e:
+        # Raised by conninfo parsing, before any network: the DSN itself is malformed.
+        raise ConfigError(f"the DSN is not a valid connection string ({one_line(e)}): write "
+                          "postgresql://USER@HOST:PORT/DBNAME or 'host=... dbname=... user=...'"
+                          ) from e
+    except psycopg.OperationalError as e:
+        raise ConfigError(diagnose(e)) from e
+
+
+def diagnose(error: psycopg.OperationalError) -> str:
+    """Return one line naming why a first connection failed and what to change."""
+    state = error.sqlstate or error.diag.sqlstate
+    text = one_line(error).removeprefix("connection failed: ")
+    if state in AUTH_STATES or (state is None and _AUTH.search(text)):
+        return (f"cannot log in ({text}): check the user and password in the DSN "
+                "(or PGPASSWORD, ~/.pgpass) and that pg_hba.conf lets this role in")
+    if state == NO_DATABASE or (state is None and _NO_DATABASE.search(text)):
+        return (f"no such database ({text}): check the database name in the DSN; a new "
+                "database needs the queue's migrations (`migrate`) before workers start")
+    if state == PRIVILEGE or (state is None and _PRIVILEGE.search(text)):
+        return (f"the role may not connect ({text}): grant connect on the database to it")
+    # Never reached is not an outage: only a server that was reachable and went away is.
+    return (f"cannot reach the server ({text}): check the host and port in the DSN, and that "
+            "PostgreSQL runs there")
+
+
+def one_line(error: BaseException) -> str:
+    """Return the error's message on one line, whitespace collapsed."""
+    return " ".join(str(error).split()) or type(error).__name__
