@@ -17,7 +17,7 @@ from psycopg.conninfo import conninfo_to_dict
 from . import db, pgbouncer, reproduce, settings
 from .errors import TenantlabError
 from .experiments import REGISTRY
-from .jobqueue.jobs import JobQueueError
+from .jobqueue.jobs import ConfigError, JobQueueError
 from .server import REPO, ServerError, alive, embedded, port_free
 
 log = logging.getLogger("tenantlab")
@@ -265,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug or message is None:
             raise
         print(f"tenantlab {args.command}: {message}", file=sys.stderr)
-        return 1
+        # The worker's and the reaper's configuration errors keep jobqueue's status (2).
+        return 2 if isinstance(e, ConfigError) else 1
 
 
 def explain(e: BaseException) -> str | None:

@@ -186,10 +186,12 @@ def test_exit_statuses_tell_a_supervisor_what_happened() -> None:
                          text=True, timeout=60)
     assert bad.returncode == 2, bad.stderr
     assert "must be shorter than the lease" in bad.stderr
-    lost = subprocess.run([*cmd, "--max-outage", "1"], capture_output=True, text=True, timeout=60)
-    assert lost.returncode == 3, lost.stderr
-    assert lost.stderr.count("lost the server") == 1  # one line per outage, not per retry
-    assert "could not reach the server" in lost.stderr
+    # A server never reached is a configuration error, not an outage (exit 3 is for a server
+    # that was there and went away: tests/test_jobqueue_cli.py cuts one off through a proxy).
+    never = subprocess.run([*cmd, "--max-outage", "1"], capture_output=True, text=True,
+                           timeout=60)
+    assert never.returncode == 2, never.stderr
+    assert "cannot reach the server" in never.stderr and "Traceback" not in never.stderr
 
 
 def test_the_next_claim_rides_on_the_finish_and_a_fenced_finish_takes_it_back(conn) -> None:

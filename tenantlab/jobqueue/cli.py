@@ -123,8 +123,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not handlers:
         raise ConfigError("no handlers registered: pass --handlers MODULE, a module that "
                           "registers its functions with @handlers.register(KIND)")
-    preflight(args.dsn, "worker")
-    worker = w.Worker(args.dsn, options, handlers)
+    worker = w.Worker(args.dsn, options, handlers)  # its run() starts with the preflight
     w.stop_on_signals(worker)
     worker.run()
     return w.EXIT_STOPPED

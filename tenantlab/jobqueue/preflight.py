@@ -15,7 +15,10 @@ unrecognised message still ends as a configuration error, only with a less speci
 
 from __future__ import annotations
 
+import logging
+import random
 import re
+import time
 
 import psycopg
 
@@ -23,6 +26,7 @@ from . import migrations
 from .jobs import CONNECT, ConfigError
 
 APP = (__package__ or "jobqueue").split(".")[0]
+log = logging.getLogger(APP)
 
 AUTH_STATES = ("28P01", "28000")  # invalid_password, invalid_authorization_specification
 NO_DATABASE = "3D000"  # invalid_catalog_name
@@ -33,6 +37,10 @@ _AUTH = re.compile(r"authentication failed|no password supplied|pg_hba\.conf|"
                    r"role \S+ does not exist|password is required", re.I)
 _NO_DATABASE = re.compile(r"database \S+ does not exist", re.I)
 _PRIVILEGE = re.compile(r"permission denied|CONNECT privilege", re.I)
+# A server that answers but cannot take this session yet: waited for, not a configuration error
+# (a worker started with its database, during a restart or a failover, or at max_connections).
+_TRANSIENT = re.compile(r"too many clients|remaining connection slots|starting up|"
+                        r"shutting down|in recovery mode|not yet accepting connections", re.I)
 
 
 def preflight(dsn: str, name: str = "worker") -> None:
@@ -50,7 +58,25 @@ def preflight(dsn: str, name: str = "worker") -> None:
 
 
 def connect_checked(dsn: str, name: str) -> psycopg.Connection:
-    """Open an autocommit connection; a failure to connect is a ConfigError saying what to fix."""
+    """Open an autocommit connection; a failure to connect is a ConfigError saying what to fix.
+
+    A server that answers "too many clients" or "starting up" is waited for (one log line),
+    with capped jittered backoff: it is there, only not ready.
+    """
+    waited = 0
+    while True:
+        try:
+            return _connect(dsn, name)
+        except psycopg.OperationalError as e:
+            if not _TRANSIENT.search(one_line(e)):
+                raise ConfigError(diagnose(e)) from e
+            if not waited:
+                log.warning("%s: the server is not ready (%s): waiting", name, one_line(e))
+            waited += 1
+            time.sleep(random.uniform(0, min(5.0, 0.1 * 2 ** waited)))
+
+
+def _connect(dsn: str, name: str) -> psycopg.Connection:
     try:
         return psycopg.connect(dsn, autocommit=True, application_name=f"{APP} {name}", **CONNECT)
     except psycopg.ProgrammingError as e:
@@ -58,8 +84,6 @@ def connect_checked(dsn: str, name: str) -> psycopg.Connection:
         raise ConfigError(f"the DSN is not a valid connection string ({one_line(e)}): write "
                           "postgresql://USER@HOST:PORT/DBNAME or 'host=... dbname=... user=...'"
                           ) from e
-    except psycopg.OperationalError as e:
-        raise ConfigError(diagnose(e)) from e
 
 
 def diagnose(error: psycopg.OperationalError) -> str:

@@ -32,8 +32,8 @@ import psycopg
 from .handlers import Handlers
 from .jobs import CONNECT, Claim, ConfigError, Events, JobQueueError, NullEvents, Outcome, error_text
 from .leased import Leased, broken
-from .migrations import check as check_schema
 from .options import WorkerOptions
+from .preflight import preflight
 from .queries import q
 
 APP = (__package__ or "jobqueue").split(".")[0]
@@ -107,7 +107,6 @@ class Worker:
                                      heartbeat=o.heartbeat_setting(),
                                      max_runtime=o.max_runtime, lossy_claim=o.lossy_claim,
                                      fair=o.fair)
-        self.checked = False  # the schema and the grants, once the server first answers
         self.stopping = False
         self.claimed = 0
         self.outage = Outage(self.name, o.max_outage, sleep=self._sleep)
@@ -123,20 +122,21 @@ class Worker:
         """Run until stopped; return how many jobs were claimed.
 
         Raises ServerLost (the server was away for longer than ``max_outage``) and ConfigError
-        (no handlers; the schema missing or behind; a grant missing).
+        (no handlers; a server never reached, a failed login, no such database; the schema
+        missing or behind; a grant missing).
         """
         if isinstance(self.queue, Leased) and not self.queue.handlers:
             raise ConfigError("no handlers registered: a worker without handlers can run no "
                               "job (register them, or point --handlers at their module)")
+        # Never reached, or reached and wrong (login, database, schema, grants): a
+        # configuration error now, not an outage to wait out for ever.
+        preflight(self.dsn, self.name)
         self.events.emit("worker-start", **dataclasses.asdict(self.options))
         try:
             while not self.stopping:
                 try:
                     with connect(self.dsn, self.name) as conn:
                         self.outage.ok()
-                        if not self.checked:
-                            check_schema(conn)
-                            self.checked = True
                         if self._serve(conn):
                             break
                 except LOST as e:
