@@ -32,7 +32,7 @@ def outcome(admin_dsn: str) -> Result:
 @pytest.fixture(scope="module")
 def exported(admin_dsn: str) -> Result:
     """The exported worker's two jobs once: a few seconds, VACUUM runs while they sleep."""
-    return vacuum.run(vacuum.Knobs(long_seconds=2.0, short_jobs=SHORT, variants=EXPORTED))
+    return vacuum.run(vacuum.Knobs(handler_seconds=2.0, short_jobs=SHORT, variants=EXPORTED))
 
 
 def _rows(res: Result) -> pd.DataFrame:
@@ -112,7 +112,7 @@ def test_the_verdict_is_decided_from_measured_values() -> None:
 
 def test_full_knobs_are_the_articles_sizes() -> None:
     full = vacuum.Knobs.full()
-    assert (full.long_seconds, full.short_jobs) == (20.0, 5000)
+    assert (full.long_seconds, full.handler_seconds, full.short_jobs) == (20.0, 20.0, 5000)
     assert full.is_article_setup() and vacuum.Knobs().is_article_setup()
 
 
@@ -142,7 +142,7 @@ def test_an_interrupted_run_ends_the_exported_worker(admin_dsn: str) -> None:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        vacuum.run(vacuum.Knobs(long_seconds=60, short_jobs=SHORT,
+        vacuum.run(vacuum.Knobs(handler_seconds=60, short_jobs=SHORT,
                                 variants=("jobqueue_writes",)), watch=interrupt)
     with pytest.raises(ProcessLookupError):  # ended and reaped, not left running for 60 s
         os.kill(seen["worker_pid"], 0)
@@ -165,8 +165,10 @@ def test_reproduce_vacuum_keys(admin_dsn: str) -> None:
         keys = {"removable", "dead_not_removable", "long_job_holds"}
         keys |= {"seconds"} if v.kind is None else {"dead_rows", "held_after_finish", "job"}
         assert set(m[v.name]) == keys
-    assert {"short_jobs", "long_seconds", "seconds_ratio_held_vs_not", "not_as_article"} <= set(m)
-    assert (m["short_jobs"], m["long_seconds"], m["not_as_article"]) == (2000, 4.0, [])
+    assert {"short_jobs", "long_seconds", "handler_seconds", "seconds_ratio_held_vs_not",
+            "not_as_article"} <= set(m)
+    assert (m["short_jobs"], m["long_seconds"], m["handler_seconds"], m["not_as_article"]) == (
+        2000, 4.0, 2.0, [])
 
 
 @pytest.mark.notebook

@@ -1,18 +1,14 @@
--- Notebook 06's exported worker: an application's own table the long job never touches (the
--- dead rows VACUUM is asked to remove), and a table a handler writes to. No schema here: both
--- are made in the vacuum experiment's scratch database only, so no other lesson sees them.
+-- Notebook 06's exported worker: an application's own table its long job never touches, whose
+-- dead rows VACUUM is asked to remove. No schema here: the table is made in the vacuum
+-- experiment's scratch database only, so no other lesson sees it. (The writing handler writes
+-- to the lab's job_writes, sql/lab/jobs.sql.)
 
 -- Run by tenantlab.experiments.vacuum (as admin) before each exported-worker variant.
 -- Autovacuum off: only the experiment's own VACUUM may remove the dead rows it counts.
--- name: vacuum_create_tables
+-- name: vacuum_create_churn
 create table if not exists churn (id int primary key, n int not null default 0)
   with (autovacuum_enabled = false);
-create table if not exists job_notes (
-  tenant_id text not null,
-  noted_at  timestamptz not null default clock_timestamp()
-);
-grant insert on job_notes to tenantlab_worker;
-truncate churn, job_notes;
+truncate churn;
 
 -- Run by tenantlab.experiments.vacuum (as admin): n live rows in churn, none dead yet.
 -- name: vacuum_churn_fill
@@ -26,12 +22,6 @@ update churn set n = n + 1;
 -- Run by tenantlab.experiments.vacuum (as admin, autocommit): its INFO lines are parsed.
 -- name: vacuum_verbose_churn
 vacuum (verbose) churn;
-
--- Run by the exported worker's writing handler (tenantlab/experiments/_vacuum_handlers.py):
--- one row for the job's tenant (set locally by
--- the worker), the handler's first and only write.
--- name: vacuum_handler_write
-insert into job_notes (tenant_id) values (current_setting('app.tenant'));
 
 -- Run by tenantlab.experiments.vacuum: the exported worker's session (it names itself
 -- "tenantlab NAME"): what it holds, and the last statement it ran.

@@ -18,7 +18,7 @@ from ..queries import q
 handlers = Handlers()
 
 #: Per kind, the named query its handler runs just before it sleeps.
-STATEMENT = {"read_then_sleep": "count_invoices", "write_then_sleep": "vacuum_handler_write"}
+STATEMENT = {"read_then_sleep": "count_invoices", "write_then_sleep": "demo_write"}
 
 
 def _sleep(job: Claim) -> None:
@@ -35,6 +35,7 @@ def read_then_sleep(conn: psycopg.Connection, job: Claim) -> int:
 
 @handlers.register("write_then_sleep")
 def write_then_sleep(conn: psycopg.Connection, job: Claim) -> None:
-    """Write one row for the tenant, then sleep the job's seconds: the write commits at the finish."""
-    conn.execute(q(STATEMENT["write_then_sleep"]))
+    """Write one row (job_writes), then sleep the job's seconds: it commits with the finish."""
+    conn.execute(q(STATEMENT["write_then_sleep"]),
+                 {"id": job.id, "attempt": job.attempt, "tenant": job.tenant_id})
     _sleep(job)

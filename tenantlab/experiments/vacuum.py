@@ -97,10 +97,13 @@ TENANT = 1
 class Knobs(finding.Knobs):
     """One long job of `long_seconds` per variant, `short_jobs` short jobs beside it.
 
-    The exported worker's variants run no short jobs: `short_jobs` rows of churn die instead.
+    The exported worker's jobs sleep `handler_seconds` (they need only outlast one VACUUM) and
+    run beside no short jobs: `short_jobs` rows of churn die instead.
     """
 
     long_seconds: float = knob(4.0, full=20.0, lo=0.5, hi=20.0, step=0.5, label="long job (s)")
+    handler_seconds: float = knob(2.0, full=20.0, lo=0.5, hi=20.0, step=0.5,
+                                  label="exported worker's job (s)")
     short_jobs: int = knob(2000, full=5000, lo=100, hi=5000, step=100, label="short jobs")
     variants: tuple[str, ...] = knob(tuple(BY_NAME))
 
@@ -181,8 +184,12 @@ class LongJob(threading.Thread):
         self.lease.execute(conn, claim, kinds.noop, worker="long")
 
     def _leased_wrote(self, conn: psycopg.Connection) -> None:
-        # The work's transaction writes its job_runs row first, then works for long.
-        self.lease.execute(conn, self._claim(conn), self.hold, worker="long")
+        # The work writes a row first (a demo job with "write": true), then works for long.
+        def work(conn: psycopg.Connection, claim: queue.Claim) -> None:
+            kinds.write_first(conn, claim)
+            self.hold()
+
+        self.lease.execute(conn, self._claim(conn), work, worker="long")
 
     def _read_only(self, conn: psycopg.Connection, level: psycopg.IsolationLevel) -> None:
         claim = self._claim(conn)
@@ -223,7 +230,8 @@ def run_variant(s: db.Scratch, variant: Variant, long_seconds: float, n_short: i
     with s.connect("admin", "vacuum setup", autocommit=True) as admin:
         admin.execute(q("reset_queue"))
         # The long job first: both designs claim the oldest job.
-        queue.enqueue(admin, "sleep", seconds=long_seconds)
+        queue.enqueue(admin, "sleep", seconds=long_seconds,
+                      write=variant.name == "leased_wrote")
         queue.enqueue(admin, "noop", count=n_short)
         admin.execute(q("horizon_vacuum_analyze_jobs"))
     long = LongJob(s.worker, variant, long_seconds)
@@ -298,13 +306,20 @@ def _session(admin: psycopg.Connection, app: str) -> dict[str, Any] | None:
         return cur.execute(q("vacuum_worker_session"), {"app": app}).fetchone()
 
 
+def as_sent(query: str) -> str:
+    """Return a named query as pg_stat_activity shows it: psycopg sends %(name)s as $1, $2..."""
+    seen: dict[str, int] = {}
+    sent = re.sub(r"%\((\w+)\)s", lambda m: f"${seen.setdefault(m[1], len(seen) + 1)}", query)
+    return sent.replace("%%", "%").strip().rstrip(";")
+
+
 def _sleeping(admin: psycopg.Connection, proc: subprocess.Popen, app: str, statement: str,
               timeout: float = 30.0) -> dict[str, Any]:
     """Wait until the worker's session sits in the job's transaction after the handler's statement.
 
     Then the handler sleeps: whatever its transaction holds, it holds until the finish.
     """
-    want = q(statement).strip().rstrip(";")
+    want = as_sent(q(statement))
     deadline = time.monotonic() + timeout
     while True:
         row = _session(admin, app)
@@ -333,7 +348,7 @@ def run_exported(s: db.Scratch, variant: Variant, seconds: float, n_dead: int, m
     app = f"{APP} {name}"  # the worker's session names itself so
     with s.connect("admin", "vacuum setup", autocommit=True) as admin:
         admin.execute(q("reset_queue"))
-        admin.execute(q("vacuum_create_tables"))
+        admin.execute(q("vacuum_create_churn"))
         admin.execute(q("vacuum_churn_fill"), {"n": n_dead})
         job = jobqueue.enqueue(admin, variant.kind, tenant=TENANT, payload={"seconds": seconds})
         with exported_worker(s, name) as proc:
@@ -387,13 +402,15 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None,
     if unknown or not k.variants:
         raise VacuumError(f"unknown variant {', '.join(unknown) or '(none)'}; "
                           f"valid: {', '.join(BY_NAME)}")
-    if k.short_jobs < 1 or k.long_seconds <= 0:
-        raise VacuumError("short_jobs must be at least 1 and long_seconds above 0")
+    if k.short_jobs < 1 or k.long_seconds <= 0 or k.handler_seconds <= 0:
+        raise VacuumError("short_jobs must be at least 1, long_seconds and handler_seconds "
+                          "above 0")
     rows: list[dict[str, Any]] = []
     with db.scratch("vacuum") as s, Monitor(s.admin) as monitor:
         for name in k.variants:
-            rows.append(run_variant(s, BY_NAME[name], k.long_seconds, k.short_jobs, monitor,
-                                    watch))
+            v = BY_NAME[name]
+            seconds = k.long_seconds if v.kind is None else k.handler_seconds
+            rows.append(run_variant(s, v, seconds, k.short_jobs, monitor, watch))
             if live is not None:
                 live.update(pd.DataFrame(rows))
             if progress is not None:
@@ -421,6 +438,7 @@ def _measured(df: pd.DataFrame, k: Knobs) -> dict[str, Any]:
     free = lab[~lab["expected_holds_back"]]["seconds"]
     measured["short_jobs"] = k.short_jobs
     measured["long_seconds"] = k.long_seconds
+    measured["handler_seconds"] = k.handler_seconds
     # One variant alone (the explorer) has nothing to compare with.
     measured["seconds_ratio_held_vs_not"] = (
         round(float(held.mean() / free.mean()), 2) if len(held) and len(free) else None)
