@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pandas as pd
@@ -13,6 +14,8 @@ from tenantlab.experiments import vacuum
 from tenantlab.finding import Result
 
 SHORT = 200
+LAB = tuple(v.name for v in vacuum.VARIANTS if v.kind is None)
+EXPORTED = tuple(v.name for v in vacuum.VARIANTS if v.kind is not None)
 
 VERBOSE = """finished vacuuming "x.public.jobs": index scans: 0
 pages: 0 removed, 3 remain, 3 scanned (100.00% of total)
@@ -22,8 +25,14 @@ removable cutoff: 7461, which was 3 XIDs old when operation ended"""
 
 @pytest.fixture(scope="module")
 def outcome(admin_dsn: str) -> Result:
-    """All five variants once, with a short long job (it stays until VACUUM has run)."""
-    return vacuum.run(vacuum.Knobs(long_seconds=0.5, short_jobs=SHORT))
+    """The lab's five long jobs once, short (each stays until VACUUM has run)."""
+    return vacuum.run(vacuum.Knobs(long_seconds=0.5, short_jobs=SHORT, variants=LAB))
+
+
+@pytest.fixture(scope="module")
+def exported(admin_dsn: str) -> Result:
+    """The exported worker's two jobs once: a few seconds, VACUUM runs while they sleep."""
+    return vacuum.run(vacuum.Knobs(handler_seconds=2.0, short_jobs=SHORT, variants=EXPORTED))
 
 
 def _rows(res: Result) -> pd.DataFrame:
@@ -38,7 +47,8 @@ def test_parse_verbose_reads_the_tuples_line() -> None:
         vacuum.parse_verbose(["nothing here"])
 
 
-@pytest.mark.parametrize("variant", [v.name for v in vacuum.VARIANTS if v.holds_back])
+@pytest.mark.parametrize("variant", [v.name for v in vacuum.VARIANTS
+                                     if v.holds_back and v.kind is None])
 def test_these_long_jobs_hold_vacuum_back(outcome: Result, variant: str) -> None:
     row = _rows(outcome).loc[variant]
     assert row["short_jobs"] == SHORT
@@ -48,7 +58,8 @@ def test_these_long_jobs_hold_vacuum_back(outcome: Result, variant: str) -> None
     assert row["long_job_holds"] == ("snapshot" if variant == "repeatable_read" else "xid")
 
 
-@pytest.mark.parametrize("variant", [v.name for v in vacuum.VARIANTS if not v.holds_back])
+@pytest.mark.parametrize("variant", [v.name for v in vacuum.VARIANTS
+                                     if not v.holds_back and v.kind is None])
 def test_these_long_jobs_hold_nothing(outcome: Result, variant: str) -> None:
     row = _rows(outcome).loc[variant]
     assert row["short_jobs"] == SHORT
@@ -56,12 +67,30 @@ def test_these_long_jobs_hold_nothing(outcome: Result, variant: str) -> None:
     assert row["long_job_holds"] == "nothing"
 
 
-def test_the_verdict_names_each_long_job_by_its_label(outcome: Result) -> None:
-    v = outcome.verdict
-    assert v.valid and v.against == "the expectation"  # not the article's sizes
-    assert [c.name for c in v.checks] == [x.label for x in vacuum.VARIANTS]
-    assert outcome.measured["not_as_article"] == []
-    assert outcome.measured["short_jobs"] == SHORT
+def test_the_exported_worker_s_reading_job_holds_nothing(exported: Result) -> None:
+    # The worker's own bookkeeping must not give the job's transaction an id while it works.
+    row = _rows(exported).loc["jobqueue_reads"]
+    assert (row["dead_not_removable"], row["removable"]) == (0, SHORT)
+    assert row["long_job_holds"] == "nothing"
+    assert row["job"] == "done"
+
+
+def test_the_exported_worker_s_writing_job_holds_every_dead_row_until_its_finish(
+        exported: Result) -> None:
+    row = _rows(exported).loc["jobqueue_writes"]
+    assert (row["dead_not_removable"], row["removable"]) == (SHORT, 0)
+    assert row["long_job_holds"] == "xid"
+    # Its finish committed: the next VACUUM removed them all.
+    assert (row["held_after_finish"], row["job"]) == (0, "done")
+
+
+def test_the_verdict_names_each_long_job_by_its_label(outcome: Result, exported: Result) -> None:
+    for res, names in ((outcome, LAB), (exported, EXPORTED)):
+        v = res.verdict
+        assert v.valid and v.against == "the expectation", v.line()  # not the article's sizes
+        assert [c.name for c in v.checks] == [vacuum.BY_NAME[n].label for n in names]
+        assert res.measured["not_as_article"] == []
+        assert res.measured["short_jobs"] == SHORT
 
 
 def test_the_verdict_is_decided_from_measured_values() -> None:
@@ -69,11 +98,21 @@ def test_the_verdict_is_decided_from_measured_values() -> None:
                           "long_job_holds": "nothing"}}
     v = vacuum.judge(m, vacuum.Knobs(variants=("leased_wrote",)))
     assert not v.valid and v.checks[0].name == "lease, work in a transaction that wrote"
+    # A writing handler that held only some of the dead rows, or held them past its finish.
+    base = {"removable": 0, "dead_not_removable": 200, "long_job_holds": "xid",
+            "dead_rows": 200, "held_after_finish": 0, "job": "done"}
+    knobs = vacuum.Knobs(variants=EXPORTED)
+    assert vacuum.judge({"jobqueue_writes": base}, knobs).valid
+    for wrong in ({"dead_not_removable": 150}, {"held_after_finish": 200}, {"job": "running"}):
+        assert not vacuum.judge({"jobqueue_writes": base | wrong}, knobs).valid
+    v = vacuum.judge({"jobqueue_reads": base}, knobs)
+    assert not v.valid and v.checks[0].name == "exported worker, handler reads"
+    assert v.checks[0].measured.startswith("200 of 200 dead rows not yet removable")
 
 
 def test_full_knobs_are_the_articles_sizes() -> None:
     full = vacuum.Knobs.full()
-    assert (full.long_seconds, full.short_jobs) == (20.0, 5000)
+    assert (full.long_seconds, full.handler_seconds, full.short_jobs) == (20.0, 20.0, 5000)
     assert full.is_article_setup() and vacuum.Knobs().is_article_setup()
 
 
@@ -94,6 +133,25 @@ def test_an_interrupted_run_ends_the_long_job(admin_dsn: str) -> None:
     assert left == []
 
 
+def test_an_interrupted_run_ends_the_exported_worker(admin_dsn: str) -> None:
+    seen: dict[str, Any] = {}
+
+    def interrupt(event: dict) -> None:
+        if event["phase"] == "holding":
+            seen.update(event)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        vacuum.run(vacuum.Knobs(handler_seconds=60, short_jobs=SHORT,
+                                variants=("jobqueue_writes",)), watch=interrupt)
+    with pytest.raises(ProcessLookupError):  # ended and reaped, not left running for 60 s
+        os.kill(seen["worker_pid"], 0)
+    with db.connect(admin_dsn, "check", autocommit=True) as conn:
+        left = conn.execute("select pid, state from pg_stat_activity where pid = %s",
+                            (seen["long_job_pid"],)).fetchall()
+    assert left == []
+
+
 def test_unknown_variant_says_what_is_valid() -> None:
     with pytest.raises(vacuum.VacuumError, match="single_for_update"):
         vacuum.run(vacuum.Knobs(variants=("lease_forever",)))
@@ -104,9 +162,13 @@ def test_reproduce_vacuum_keys(admin_dsn: str) -> None:
     assert out["reproduced"] is True and out["verdict"]["valid"] is True
     m = out["measured"]
     for v in vacuum.VARIANTS:
-        assert set(m[v.name]) == {"removable", "dead_not_removable", "seconds", "long_job_holds"}
-    assert {"short_jobs", "long_seconds", "seconds_ratio_held_vs_not", "not_as_article"} <= set(m)
-    assert (m["short_jobs"], m["long_seconds"], m["not_as_article"]) == (2000, 4.0, [])
+        keys = {"removable", "dead_not_removable", "long_job_holds"}
+        keys |= {"seconds"} if v.kind is None else {"dead_rows", "held_after_finish", "job"}
+        assert set(m[v.name]) == keys
+    assert {"short_jobs", "long_seconds", "handler_seconds", "seconds_ratio_held_vs_not",
+            "not_as_article"} <= set(m)
+    assert (m["short_jobs"], m["long_seconds"], m["handler_seconds"], m["not_as_article"]) == (
+        2000, 4.0, 2.0, [])
 
 
 @pytest.mark.notebook

@@ -28,8 +28,8 @@ def chart(df: pd.DataFrame) -> alt.TopLevelMixin:
                            "long_job_holds": [], "seconds": []})
     return alt.hconcat(_panel(df, "dead_not_removable", DEAD, axis=True),
                        _panel(df, "removable", REMOVED, axis=False),
-                       title=alt.TitleParams("What VACUUM (VERBOSE) jobs did while the long "
-                                             "job ran", anchor="start", offset=14))
+                       title=alt.TitleParams("What VACUUM (VERBOSE) did while the long job "
+                                             "ran", anchor="start", offset=14))
 
 
 def _panel(df: pd.DataFrame, column: str, what: str, axis: bool) -> Any:
@@ -50,21 +50,26 @@ def _panel(df: pd.DataFrame, column: str, what: str, axis: bool) -> Any:
 
 def report_chart(m: dict[str, Any]) -> alt.TopLevelMixin:
     """Return the report page's chart of what `reproduce` measured: the notebook's chart."""
+    # The exported worker's jobs ran beside no short jobs: no seconds of theirs.
     rows = [{"label": v.label, "removable": m[v.name]["removable"],
              "dead_not_removable": m[v.name]["dead_not_removable"],
-             "long_job_holds": m[v.name]["long_job_holds"], "seconds": m[v.name]["seconds"]}
+             "long_job_holds": m[v.name]["long_job_holds"],
+             "seconds": m[v.name].get("seconds")}
             for v in vacuum.VARIANTS if v.name in m]
     return chart(pd.DataFrame(rows))
 
 
 def plan() -> Any:
-    """Return the five long jobs: what each keeps open, and what the article expects of it."""
+    """Return the long jobs: what each keeps open, and what the article expects of it."""
     keeps = {
         "single_for_update": "claim FOR UPDATE, long work and finish in one transaction",
         "leased_outside": "claim committed; the long work runs with no transaction open",
-        "leased_wrote": "claim committed; a transaction writes job_runs, then the long work",
+        "leased_wrote": "claim committed; the work writes a row first, then works for long",
         "read_committed_idle": "a select, idle in the transaction, another select",
         "repeatable_read": "the same in REPEATABLE READ: the first select fixes a snapshot",
+        "jobqueue_reads": "python -m tenantlab.jobqueue worker; its handler counts the "
+                          "tenant's invoices, then sleeps",
+        "jobqueue_writes": "the same worker; its handler inserts one row, then sleeps",
     }
     return pd.DataFrame([
         {"long job": v.label, "keeps open": keeps[v.name],
@@ -80,7 +85,7 @@ def live() -> nb.LiveChart:
 
 
 def run_live(full: bool = False) -> Result:
-    """Run the five variants with a progress bar and a live chart; return the result."""
+    """Run every variant with a progress bar and a live chart; return the result."""
     knobs = vacuum.Knobs.full() if full else vacuum.Knobs()
     chart_ = live()
     with nb.progress(len(knobs.variants), "variants") as bar:
@@ -99,7 +104,22 @@ def table(res: Result) -> Any:
         "here": df["holds_back"].map({True: "holds back", False: "holds nothing"}),
         "short jobs (s)": df["seconds"],
     }).style.hide(axis="index").set_table_styles(WRAP).format(
-        {"short jobs (s)": "{:.2f}", "dead, not removable": "{:,}", "removed": "{:,}"})
+        {"short jobs (s)": "{:.2f}", "dead, not removable": "{:,}", "removed": "{:,}"},
+        na_rep="")
+
+
+def exported(res: Result) -> Any:
+    """Return the exported worker's jobs: dead rows held while each ran, and after its finish."""
+    assert res.table is not None
+    df = res.table[res.table["variant"].map(lambda n: vacuum.BY_NAME[n].kind is not None)]
+    return pd.DataFrame({
+        "handler": df["variant"].map(lambda n: vacuum.BY_NAME[n].kind),
+        "its session holds": df["long_job_holds"],
+        "dead rows made": df["dead_rows"].astype(int),
+        "not removable while it ran": df["dead_not_removable"].astype(int),
+        "not removable after its finish": df["held_after_finish"].astype(int),
+        "job": df["job"],
+    }).style.hide(axis="index").set_table_styles(WRAP).format(thousands=",")
 
 
 def explorer() -> Any:
