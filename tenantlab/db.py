@@ -25,6 +25,7 @@ from psycopg.rows import dict_row
 
 from . import queries, settings
 from .errors import TenantlabError
+from .jobqueue import migrations
 from .server import ServerNotRunning, embedded, home
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ APP = "tenantlab"  # application_name prefix of every connection the kit opens
 TEMPLATE = "tenantlab_template"
 OWNER = "tenantlab_owner"
 WORKER = "tenantlab_worker"
+#: The lab's databases find the production worker's tables (schema jobqueue) by their bare names.
+SEARCH_PATH = sql.SQL('"$user", public, jobqueue')
 _LOCK_TEMPLATE = 0x7E4A47  # advisory lock key: one template build at a time
 _counter = itertools.count(1)
 
@@ -173,6 +176,10 @@ def _build_template(admin: psycopg.Connection, dsn: str, version: str, exists: b
     with connect(with_db(dsn, building), "template") as conn:
         # The owner creates and seeds the tables (RLS is switched on after the seeding).
         conn.execute(sql.SQL("set role {}").format(sql.Identifier(OWNER)))
+        # The production worker's tables first (schema jobqueue, the lab's int tenant ids),
+        # then the lab's DDL, which names them without their schema.
+        migrations.migrate(conn, tenant_type="integer")
+        conn.execute(sql.SQL("set search_path = {}").format(SEARCH_PATH))
         for _file, ddl in queries.schema():
             conn.execute(ddl)
         conn.execute("reset role")
@@ -183,6 +190,7 @@ def _build_template(admin: psycopg.Connection, dsn: str, version: str, exists: b
         conn.execute("vacuum (freeze, analyze)")
     admin.execute(sql.SQL("alter database {} rename to {}").format(
         sql.Identifier(building), sql.Identifier(TEMPLATE)))
+    _set_search_path(admin, TEMPLATE)
     _stamp(admin, TEMPLATE, version)
 
 
@@ -205,7 +213,14 @@ def clone_template(admin: psycopg.Connection, name: str) -> None:
     _drop(admin, name)
     admin.execute(sql.SQL("create database {} template {} owner {}").format(
         sql.Identifier(name), sql.Identifier(TEMPLATE), sql.Identifier(OWNER)))
+    _set_search_path(admin, name)
     _stamp(admin, name, queries.schema_version())
+
+
+def _set_search_path(admin: psycopg.Connection, name: str) -> None:
+    # A database's settings are not copied from its template: every clone gets them again.
+    admin.execute(sql.SQL("alter database {} set search_path = {}").format(
+        sql.Identifier(name), SEARCH_PATH))
 
 
 def _drop(admin: psycopg.Connection, name: str) -> None:

@@ -26,6 +26,13 @@ __all__ = ["KINDS", "UnknownKind", "count", "crash", "fail", "handlers", "noop",
 handlers = Handlers()
 
 
+def write_first(conn: psycopg.Connection, job: Claim) -> None:
+    """Write one row first when the payload asks (``"write": true``): a handler that writes."""
+    if job.payload.get("write"):
+        conn.execute(q("demo_write"), {"id": job.id, "attempt": job.attempt,
+                                       "tenant": job.tenant_id})
+
+
 def seconds(job: Claim) -> float:
     """Return how long a demo job works: its payload's ``seconds`` (0 when absent)."""
     return float(job.payload.get("seconds") or 0)
@@ -40,6 +47,7 @@ def count(conn: psycopg.Connection, job: Claim) -> int:
 @handlers.register("sleep")
 def sleep(conn: psycopg.Connection, job: Claim) -> None:
     """Hold the transaction open for the job's seconds, as slow work would."""
+    write_first(conn, job)
     time.sleep(seconds(job))
 
 
@@ -63,7 +71,14 @@ def noop(conn: psycopg.Connection, job: Claim) -> None:
     """Do nothing: what the benchmark measures is the queue itself."""
 
 
-handlers.add("outside", outside)
+@handlers.register("outside")
+def outside_call(conn: psycopg.Connection, job: Claim) -> None:
+    """Call the outside world after the job's seconds (tenantlab/outside.py)."""
+    write_first(conn, job)
+    outside(conn, job)
+
+
+
 handlers.add("outside_once", outside_once)
 
 #: The kinds by name (a read-only view of ``handlers``).

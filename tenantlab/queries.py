@@ -1,9 +1,10 @@
 """Load the schema and the named queries: the production worker's, then the lab's ``sql/lab``.
 
-The corrected worker's SQL lives with it (``tenantlab/jobqueue/sql``: ``schema.sql`` and
-``queries.sql``); the lab's is in ``sql/lab/*.sql``, one file per concern, DDL first, then
-queries, each introduced by ``-- name: NAME``. The template database is built from the
-production schema, then the lab's DDL in ``LAB_ORDER``. Python looks queries up by name and
+The corrected worker's SQL lives with it (``tenantlab/jobqueue``: ``migrations/*.sql`` and
+``sql/queries.sql``); the lab's is in ``sql/lab/*.sql``, one file per concern, DDL first, then
+queries, each introduced by ``-- name: NAME``. The template database is built by the
+production migrations (its tables in the schema ``jobqueue``, which the lab's databases put
+on their ``search_path``), then the lab's DDL in ``LAB_ORDER``. Python looks queries up by name and
 passes parameters; it never formats SQL.
 """
 
@@ -14,6 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from . import settings
+from .jobqueue import migrations
 from .jobqueue import queries as production
 
 SQL_DIR = settings.sql_dir() or Path(__file__).resolve().parent.parent / "sql"
@@ -30,7 +32,7 @@ def files() -> list[Path]:
     lab = sorted(LAB_DIR.glob("*.sql"), key=lambda p: (p.name not in LAB_ORDER,
                                                        LAB_ORDER.index(p.name)
                                                        if p.name in LAB_ORDER else 0, p.name))
-    return [production.SQL_DIR / "schema.sql", production.SQL_DIR / "queries.sql", *lab]
+    return [production.SQL_DIR / "queries.sql", *lab]
 
 
 @cache
@@ -67,7 +69,7 @@ def schema() -> list[tuple[str, str]]:
 def schema_version() -> str:
     """Return a short hash of every SQL file: the template is rebuilt when it changes."""
     h = hashlib.sha256()
-    for path in files():
+    for path in [*(p for _, _, p in migrations.available()), *files()]:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 

@@ -73,7 +73,7 @@ class SingleTransaction:
                 claim.worker, claim.events = worker, events
                 events.emit("claim", job=claim.id, attempt=claim.attempt, tenant=claim.tenant_id,
                             kind=claim.kind)
-                row = conn.execute(q("start_run"), {
+                row = conn.execute(q("start_run_single"), {
                     "id": claim.id, "worker": worker, "attempt": claim.attempt,
                     "tenant": str(claim.tenant_id)}).fetchone()
                 claim.run_id = row[0] if row else None
@@ -108,7 +108,10 @@ class SingleTransaction:
 class Leased(production.Leased):
     """The production worker with the demo kinds; ``fence=False`` is the lab's naive finish.
 
-    ``durable_claim=False`` is the lab's name for the production ``lossy_claim=True``.
+    ``durable_claim=False`` is the lab's name for the production ``lossy_claim=True``. Unlike
+    the production worker, the lab's has no heartbeat unless given one: the findings show what
+    happens without it. It changes the production design only through its public statements
+    (``start_query``, ``finish_query``).
     """
 
     def __init__(self, *, lease: float = 30.0, backoff: float = 1.0,
@@ -120,40 +123,48 @@ class Leased(production.Leased):
                          max_runtime=max_runtime, lossy_claim=not durable_claim, fair=fair)
         self.fence = fence
         self.durable_claim = durable_claim
+        # The naive finish claims nothing with it: the next claim is a statement of its own.
+        self.chain_claims = fence
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + ("" if self.fence else ", fence=False") + ")"
 
-    def _finish(self, claim: Claim) -> tuple[str, dict[str, Any]]:
+    def start_query(self, claim: Claim) -> tuple[str, dict[str, Any]]:
         if self.fence:
-            return super()._finish(claim)
-        return q("complete_unfenced"), {"id": claim.id, "run": claim.run_id}
+            return super().start_query(claim)
+        # The naive lease-only queue trusts its lease: it starts whatever it claimed.
+        return q("start_unfenced"), {"tenant": str(claim.tenant_id)}
 
-    def _complete(self, conn: psycopg.Connection, claim: Claim,
-                  claim_next: int = 0) -> tuple[bool, list[Claim]]:
-        # The naive finish claims nothing with it: the next claim is a statement of its own.
-        return super()._complete(conn, claim, claim_next if self.fence else 0)
+    def finish_query(self, claim: Claim) -> tuple[str, dict[str, Any]]:
+        if self.fence:
+            return super().finish_query(claim)
+        return q("complete_unfenced"), {"id": claim.id, "attempt": claim.attempt,
+                                        "worker": claim.worker, "started": claim.started}
 
 
 def design(name: str, *, lease: float = 30.0, backoff: float = 1.0,
            handle_errors: bool = False, heartbeat: float | None = None,
            max_runtime: float | None = None, fence: bool = True,
-           fair: str | None = None) -> SingleTransaction | Leased:
+           fair: str | None = None, durable_claim: bool = True) -> SingleTransaction | Leased:
     """Return the design called `name` ('single' or 'leased') with its options."""
     if name == "single":
-        if heartbeat is not None or max_runtime is not None or not fence or fair:
+        if heartbeat or max_runtime is not None or not fence or fair or not durable_claim:
             raise QueueError("heartbeat, max-runtime, no-fence and fair need the leased design: "
                              "the single-transaction design has no lease")
         return SingleTransaction(handle_errors=handle_errors)
     if name == "leased":
-        return Leased(lease=lease, backoff=backoff, heartbeat=heartbeat,
-                      max_runtime=max_runtime, fence=fence, fair=fair)
+        return Leased(lease=lease, backoff=backoff, heartbeat=heartbeat or None,
+                      max_runtime=max_runtime, fence=fence, fair=fair,
+                      durable_claim=durable_claim)
     raise QueueError(f"unknown design {name!r}; valid: single, leased")
 
 
 def enqueue(conn: psycopg.Connection, kind: str, *, tenant: int | None = None, count: int = 1,
-            seconds: float = 0.0, max_attempts: int = 3) -> list[int]:
+            seconds: float = 0.0, max_attempts: int = 3, write: bool = False) -> list[int]:
     """Queue `count` demo jobs of one kind (tenant None: spread over tenants 1..100); return ids.
+
+    ``write``: the job writes a row (``job_writes``) before its work, as a handler that writes
+    to the database does: it then holds a transaction id until its finish commits.
 
     For any other kind, with a payload: ``tenantlab.jobqueue.enqueue``.
     """
@@ -162,7 +173,7 @@ def enqueue(conn: psycopg.Connection, kind: str, *, tenant: int | None = None, c
     with conn.transaction():
         rows = conn.execute(q("enqueue_demo"), {
             "tenant": tenant, "kind": kind, "seconds": seconds, "count": count,
-            "max_attempts": max_attempts,
+            "max_attempts": max_attempts, "write": write,
         }).fetchall()
     return [r[0] for r in rows]
 

@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from . import db, queries, queue, settings
 from .events import EventLog
 from .jobqueue import Worker
-from .jobqueue.options import WorkerOptions, option
+from .jobqueue.options import WorkerOptions, option, seconds
 
 log = logging.getLogger("tenantlab")
 
@@ -61,6 +61,10 @@ def worker_dsn(dsn: str | None = None) -> str:
 class WorkerConfig(WorkerOptions):
     """What one lab worker process does: the production options plus the lab's designs."""
 
+    heartbeat: float | None = option(
+        None, "extend the leases every S seconds while jobs run, S < lease (the lab's worker: "
+              "off unless given, to show what happens without it)",
+        parse=seconds("heartbeat", zero=True))
     design: str = option("leased", "single: one transaction per job; leased: committed claim "
                                    "with a lease", choices=DESIGNS)
     handle_errors: bool = option(False, "single: count a failed attempt in a new transaction")
@@ -72,14 +76,16 @@ class WorkerConfig(WorkerOptions):
         if self.design not in DESIGNS:
             raise queue.QueueError(f"design must be 'single' or 'leased', not {self.design!r}")
 
+    def heartbeat_setting(self) -> float | None:
+        return self.heartbeat or None  # the lab's worker: off unless given
+
     def make_design(self) -> queue.SingleTransaction | queue.Leased:
         """Return the queue design these options ask for (refuses what cannot work)."""
         d = queue.design(self.design, lease=self.lease, backoff=self.backoff,
                          handle_errors=self.handle_errors, heartbeat=self.heartbeat,
-                         max_runtime=self.max_runtime, fence=self.fence, fair=self.fair)
-        if isinstance(d, queue.Leased):
-            d.lossy_claim = self.lossy_claim
-        elif self.batch > 1:
+                         max_runtime=self.max_runtime, fence=self.fence, fair=self.fair,
+                         durable_claim=not self.lossy_claim)
+        if isinstance(d, queue.SingleTransaction) and self.batch > 1:
             raise queue.QueueError("batch needs the leased design: the single-transaction "
                                    "design claims with its work")
         return d

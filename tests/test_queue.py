@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tenantlab import db, queue, tenant
+from tenantlab import db, kinds, queue, tenant
 from tenantlab.events import EventLog
 from tenantlab.queries import q
 from tenantlab.reaper import Reaper, ReaperConfig
@@ -75,7 +75,8 @@ def test_poison_job_dies_after_max_attempts_and_the_queue_moves_on(conn, design:
     assert s[behind]["status"] == "done"
     assert s[poison]["status"] == "dead"
     assert s[poison]["attempts"] == 3
-    assert [o.claim.id for o in outcomes] == [poison] * 3 + [behind]
+    # A failed job is retried after the jobs that were ready before it failed (by ready time).
+    assert sorted(o.claim.id for o in outcomes) == [poison] * 3 + [behind]
 
 
 def test_single_transaction_without_handler_never_counts(conn) -> None:
@@ -145,13 +146,42 @@ def test_fencing_rejects_a_stale_attempt(scratch: db.Scratch, conn) -> None:
         log = Recorded()
         late = queue.Leased(lease=30).execute(conn, stale, events=log)
         assert late.status == "fenced"
-        assert [e["event"] for e in log.lines] == ["execute", "fenced"]
-        assert states(conn)[job]["runs"] == 0  # the late execution's job_runs row rolled back
+        # Its lease ran out before its start: not started at all (the start is fenced too).
+        assert [(e["event"], e.get("step")) for e in log.lines] == [("fenced", "start")]
+        assert states(conn)[job]["runs"] == 0
         assert queue.Leased().fail(conn, stale, RuntimeError("late")).status == "fenced"
         done = queue.Leased(lease=30).execute(other, current)
     assert (done.status, done.result) == ("done", 6666)
     s = states(conn)[job]
     assert (s["status"], s["attempts"], s["runs"]) == ("done", 2, 1)
+
+
+def test_a_late_finish_is_fenced_and_everything_it_wrote_rolls_back(scratch: db.Scratch,
+                                                                    conn) -> None:
+    job = queue.enqueue(conn, "count", tenant=3, write=True)[0]
+    first = queue.Leased(lease=30).claim(conn)
+    taken: list[queue.Outcome] = []
+
+    def overrun(c, claim):
+        kinds.write_first(c, claim)  # the late attempt writes, then outlives its lease
+        with scratch.connect("admin", "expire") as admin:
+            admin.execute("update jobs set locked_until = clock_timestamp() - interval '1 s' "
+                          "where id = %s", (claim.id,))
+        with scratch.connect("worker", "test queue 2", autocommit=True) as other:
+            d = queue.Leased(lease=30)
+            taken.append(d.execute(other, d.claim(other), kinds.write_first))
+        return 0
+
+    log = Recorded()
+    late = queue.Leased(lease=30).execute(conn, first, overrun, events=log)
+    assert (late.status, taken[0].status) == ("fenced", "done")
+    assert [(e["event"], e.get("step")) for e in log.lines] == [("execute", None),
+                                                              ("fenced", "complete")]
+    s = states(conn)[job]
+    assert (s["status"], s["attempts"], s["runs"]) == ("done", 2, 1)
+    # The late attempt's write rolled back with its fenced finish; the new attempt's stands.
+    assert conn.execute("select attempt from job_writes where job_id = %s",
+                        (job,)).fetchall() == [(2,)]
 
 
 @pytest.mark.parametrize("design", ["single", "leased"])
@@ -178,12 +208,14 @@ def test_reaper_marks_exhausted_expired_jobs_dead_and_leaves_the_rest(conn) -> N
     s = states(conn)
     assert s[exhausted]["status"] == "running" and s[exhausted]["lease_expired"]
     log = Recorded()
-    reaped = Reaper(conn, ReaperConfig(), log).run_once()
+    # By default the reaper gives a lease 30 s of grace: a late but live worker is not dead yet.
+    assert Reaper(conn, ReaperConfig(), log).run_once() == []
+    reaped = Reaper(conn, ReaperConfig(grace=0), log).run_once()
     assert [(r["id"], r["status"]) for r in reaped] == [(exhausted, "dead")]
     assert [e["event"] for e in log.lines] == ["reap"]
     s = states(conn)
     assert [s[i]["status"] for i in (exhausted, expired, alive)] == ["dead", "running", "running"]
-    requeued = Reaper(conn, ReaperConfig(requeue=True)).run_once()
+    requeued = Reaper(conn, ReaperConfig(grace=0, requeue=True)).run_once()
     assert [(r["id"], r["status"]) for r in requeued] == [(expired, "queued")]
     assert states(conn)[alive]["status"] == "running"  # its lease is still valid
     assert Reaper(conn).run_once() == []

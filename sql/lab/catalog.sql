@@ -5,7 +5,7 @@
 select c.table_name as "table", c.column_name as "column", c.data_type as "type",
        c.is_nullable = 'YES' as nullable, c.column_default as "default"
 from information_schema.columns c
-where c.table_schema = 'public'
+where c.table_schema in ('public', 'jobqueue')
 order by c.table_name, c.ordinal_position;
 
 -- Run by tenantlab.schema.constraints (notebook 00, tests): the invariants, by name.
@@ -13,7 +13,7 @@ order by c.table_name, c.ordinal_position;
 select conrelid::regclass::text as "table", conname as "constraint",
        pg_get_constraintdef(oid) as definition
 from pg_constraint
-where contype = 'c' and connamespace = 'public'::regnamespace
+where contype = 'c' and connamespace in ('public'::regnamespace, 'jobqueue'::regnamespace)
 order by 1, 2;
 
 -- Run by tenantlab.schema.facts (notebook 00, tests): who the worker is, and what it owns.

@@ -1,5 +1,6 @@
--- The lab's jobs: the production tables (tenantlab/jobqueue/sql/schema.sql, built first into
--- the template) plus what the workshop adds. Still not under the tenant policy: a worker that
+-- The lab's jobs: the production tables (tenantlab/jobqueue/migrations, schema jobqueue, built
+-- first into the template; the lab's databases have it on their search_path, so the lab names
+-- them bare) plus what the workshop adds. Still not under the tenant policy: a worker that
 -- serves every tenant must see every job before it knows which tenant to become (finding
 -- rls-jobs shows what happens otherwise, in its own database).
 --
@@ -12,10 +13,29 @@ alter table jobs
   add constraint seconds_not_negative check (seconds >= 0),
   add constraint jobs_tenant_id_fkey foreign key (tenant_id) references tenants;
 
+grant usage on schema jobqueue to tenantlab_worker;
 grant select, insert, update, delete on jobs to tenantlab_worker;
 grant select, insert, update, delete on job_runs to tenantlab_worker;
+grant select, update on claimable to tenantlab_worker;
+grant select on jobqueue.migrations to tenantlab_worker;
 -- The round-robin claim moves the tenants' turns (finding noisy-neighbour).
 grant select, insert, update on tenant_turns to tenantlab_worker;
+
+-- What a demo job wrote in its own transaction (payload `"write": true`): a handler that writes
+-- takes a transaction id at that write and holds it until its finish commits (findings vacuum,
+-- vanish); one that does not write holds none.
+create table job_writes (
+  id       bigint generated always as identity primary key,
+  job_id   bigint not null,
+  attempt  int not null,
+  tenant_id int not null,
+  at       timestamptz not null default clock_timestamp()
+);
+grant select, insert on job_writes to tenantlab_worker;
+
+-- Run by the demo kinds whose payload says `"write": true`, first thing in their work.
+-- name: demo_write
+insert into job_writes (job_id, attempt, tenant_id) values (%(id)s, %(attempt)s, %(tenant)s);
 
 -- Run by tenantlab enqueue and the experiments (tenantlab.queue.enqueue): n demo jobs of one
 -- kind; no tenant spreads them over tenants 1..100 in turn. Notifies like the production
@@ -24,21 +44,18 @@ grant select, insert, update on tenant_turns to tenantlab_worker;
 with job as (
   insert into jobs (tenant_id, kind, payload, max_attempts)
   select coalesce(%(tenant)s::int, 1 + (g - 1) %% 100), %(kind)s,
-         jsonb_build_object('seconds', %(seconds)s::float8), %(max_attempts)s
+         jsonb_build_object('seconds', %(seconds)s::float8)
+           || case when %(write)s then jsonb_build_object('write', true) else '{}' end,
+         %(max_attempts)s
   from generate_series(1, %(count)s::int) as g
   returning id
 )
 select id, pg_notify('jobqueue', '') from job order by id;
 
 -- Run by the crash experiment, tests and notebooks: which jobs the leased claim could take now
--- (the production claim's WHERE clause, without taking anything).
+-- (the production claim's own view, without taking anything).
 -- name: eligible_leased
-select id from jobs
- where status in ('queued', 'running')
-   and (status = 'queued' or locked_until < clock_timestamp())
-   and attempts < max_attempts
-   and (run_after is null or run_after <= clock_timestamp())
- order by id;
+select id from claimable order by claimable_at, id;
 
 -- Run by experiments, tests and notebooks: the state of every job.
 -- name: job_states
@@ -63,7 +80,7 @@ select count(*) from jobs;
 
 -- Run by the experiments as admin between variants: an empty queue, ids from 1 again.
 -- name: reset_queue
-truncate jobs, job_runs, tenant_turns restart identity;
+truncate jobs, job_runs, tenant_turns, job_writes restart identity;
 
 -- Run by the rls-jobs experiment as admin in its own scratch database: the trap, the invoices'
 -- tenant policy on the jobs table too.

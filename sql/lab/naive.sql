@@ -12,6 +12,17 @@ where id = (select id from jobs
             for update skip locked)
 returning id, tenant_id, attempts as attempt, kind, payload;
 
+-- Run by SingleTransaction right after its claim, in the same transaction: the tenant (local
+-- form) and the execution's job_runs row, written at the start (the transaction holds an xid
+-- from its claim anyway).
+-- name: start_run_single
+with run as (
+  insert into job_runs (job_id, worker, attempt, started)
+  values (%(id)s, %(worker)s, %(attempt)s, clock_timestamp())
+  returning id
+)
+select run.id, set_config('app.tenant', %(tenant)s, true) from run;
+
 -- Run by SingleTransaction as the last statement of its transaction.
 -- name: finish_single
 with run as (update job_runs set finished = clock_timestamp() where id = %(run)s)
@@ -39,10 +50,18 @@ with done as (
    where id = %(id)s
   returning id
 ), run as (
-  update job_runs set finished = clock_timestamp()
-   where id = %(run)s and job_id in (select id from done)
+  insert into job_runs (job_id, worker, attempt, started, finished)
+  select id, %(worker)s, %(attempt)s, coalesce(%(started)s::timestamptz, clock_timestamp()),
+         clock_timestamp()
+    from done
+  returning id
 )
-select count(*) as finished from done;
+select count(*) as finished, (select id from run) as run from done;
+
+-- Run by Leased(fence=False) to start the work: the tenant, and nothing checked (the naive
+-- queue trusts its lease).
+-- name: start_unfenced
+select clock_timestamp() as started, set_config('app.tenant', %(tenant)s, true);
 
 -- Run by the job kind "fail" (tenantlab/kinds.py): the article's poison pill.
 -- name: poison

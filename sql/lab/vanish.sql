@@ -16,10 +16,10 @@ select pid, state, backend_xid::text as backend_xid,
  where pid = any(%(pids)s::int[]);
 
 -- Run by the vanish experiment as admin, inside a transaction it rolls back: can a migration
--- take job_runs now? Fails with lock_not_available while a vanished worker's transaction
--- still holds its lock on the table.
+-- take the table the vanished job wrote to (job_writes) now? Fails with lock_not_available
+-- while a vanished worker's transaction still holds its lock on the table.
 -- name: vanish_try_migration_lock
-lock table job_runs in access exclusive mode nowait;
+lock table job_writes in access exclusive mode nowait;
 
 -- Run by the throwaway cluster after it allowed the namespace's address in pg_hba.conf.
 -- name: cluster_reload_conf

@@ -10,12 +10,9 @@
 update jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id in (select id from jobs
-               where status in ('queued', 'running')
-                 and (status = 'queued' or locked_until < clock_timestamp())
-                 and attempts < max_attempts
-                 and (run_after is null or run_after <= clock_timestamp())
-               order by id limit %(batch)s
+ where id in (select id from claimable
+               where kind = any(%(kinds)s::text[])
+               order by claimable_at, id limit %(batch)s
                for update)
 returning id, tenant_id, attempts as attempt, kind, payload;
 

@@ -87,7 +87,7 @@ KEPT = {  # fact -> how the table names it
     "held_locks": "holds its locks",
     "held_xid": "holds its xid",
     "horizon_held": "holds the horizon (the oldest holder)",
-    "migration_blocked": "a migration's lock on job_runs waits",
+    "migration_blocked": "a migration's lock on the table it wrote waits",
     "server_noticed": "the server noticed A was gone",
     "taken_over_after_s": "B took the job over after (s)",
     "owner_completed_after_s": "B completed it after (s)",

@@ -17,11 +17,9 @@ import time
 from typing import Any
 
 import psycopg
-from psycopg.rows import class_row
 
 from .. import queue, settings
 from ..events import EventLog, NullLog
-from ..jobqueue import Claim
 from ..queries import q
 
 IDLE, ACTIVE = "tenantlab claimer idle", "tenantlab claimer active"
@@ -30,12 +28,8 @@ IDLE, ACTIVE = "tenantlab claimer idle", "tenantlab claimer active"
 class PlainClaim(queue.Leased):
     """The leased design with the lab's plain ``FOR UPDATE`` claim: the contrast, never production."""
 
-    def claim_many(self, conn: psycopg.Connection, n: int = 1, *, worker: str = "worker",
-                   events: Any = None) -> list[Claim]:
-        with conn.cursor(row_factory=class_row(Claim)) as cur:
-            claims = cur.execute(q("claim_plain"), {"lease": self.lease, "batch": n}).fetchall()
-        self._claimed(conn, claims, worker, events or NullLog(worker))
-        return claims
+    def claim_query(self, n: int, *, chained: bool = False) -> tuple[str, dict[str, Any]]:
+        return q("claim_plain"), {"lease": self.lease, "batch": n, "kinds": self.kinds()}
 
 
 def drain(conn: psycopg.Connection, design: queue.Leased, name: str) -> dict[str, Any]:

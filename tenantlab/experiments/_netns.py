@@ -132,7 +132,7 @@ def leftovers(pid: int | None = None) -> list[str]:
 def _probe(mode: str) -> int:
     import psycopg
 
-    from .. import settings
+    from .. import kinds, settings
     from ..jobqueue.queries import q as production_q
     from ..queries import q
 
@@ -142,13 +142,16 @@ def _probe(mode: str) -> int:
         if mode == "listen":
             conn.execute(production_q("listen"))
         else:
-            row = conn.execute(production_q("claim_leased"), {"lease": 600, "batch": 1}).fetchone()
+            row = conn.execute(production_q("claim_leased"), {
+                "lease": 600, "batch": 1, "kinds": sorted(kinds.handlers)}).fetchone()
             if row is None:
                 print("error no job to claim", flush=True)
                 return 1
             conn.autocommit = False
-            conn.execute(production_q("start_run"), {"id": row[0], "worker": f"probe {mode}",
-                                                     "attempt": row[2], "tenant": str(row[1])})
+            # A job that has written (its job_runs row, as the single-transaction worker writes
+            # it at the start): an xid and row locks, held until the transaction ends.
+            conn.execute(q("start_run_single"), {"id": row[0], "worker": f"probe {mode}",
+                                                 "attempt": row[2], "tenant": str(row[1])})
         print(f"ready {conn.info.backend_pid}", flush=True)
         sys.stdin.readline()  # "go"
         if mode == "result":

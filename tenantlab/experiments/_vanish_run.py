@@ -1,7 +1,8 @@
 """One worker vanishes mid-job while another waits: through a silent proxy, or frozen (SIGSTOP).
 
-Worker A (``tenantlab worker --design leased --max-jobs 1``) claims an ``outside`` job and
-starts its work's transaction (the ``job_runs`` row: an xid and row locks). Then A vanishes:
+Worker A (``tenantlab worker --design leased --max-jobs 1``) claims an ``outside`` job that
+writes first (a ``job_writes`` row: an xid and a lock on the table, as any handler that writes
+takes; one that does not write holds neither). Then A vanishes:
 
 - ``proxy``: A reaches the server through tenantlab/netproxy.py, which goes silent both ways;
   A's process lives on, finishes its work, calls the outside world, and its finish waits in the
@@ -65,7 +66,8 @@ def vanish(how: str, *, lease: float, heartbeat: float, job: float, vanished_for
         outside_file = run.path.with_name("outside.jsonl")
         env = {OUTSIDE: str(outside_file)}
         with run.scratch.connect("worker", "vanish enqueue", autocommit=True) as conn:
-            queue.enqueue(conn, "outside", tenant=TENANT, seconds=job, max_attempts=3)
+            queue.enqueue(conn, "outside", tenant=TENANT, seconds=job, max_attempts=3,
+                          write=True)
         where = psycopg.conninfo.conninfo_to_dict(run.scratch.worker)
         port = int(str(where.get("port") or 5432))
         host = str(where.get("host") or "127.0.0.1")  # a compose service name works too
@@ -162,7 +164,7 @@ def _watch(run: WorkersRun, mon: monitor.Monitor, a_pid: int | None,
 
 
 def _migration_blocked(run: WorkersRun) -> bool:
-    """Return True when a migration could not take job_runs now (the vanished worker holds it)."""
+    """Return True when a migration could not take job_writes now (the vanished worker holds it)."""
     with run.scratch.connect("admin", "vanish migration") as conn:
         try:
             conn.execute(q("vanish_try_migration_lock"))

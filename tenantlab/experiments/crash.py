@@ -19,7 +19,7 @@ import pandas as pd
 from .. import finding, queue
 from ..finding import Result, Verdict, check, knob
 from ..queries import q
-from ..reaper import Reaper
+from ..reaper import Reaper, ReaperConfig
 from ._workers import WorkersRun, workers_run
 
 CLAIM = ("A job that kills the worker process kills every next worker in the single-transaction "
@@ -100,7 +100,9 @@ def run_leased(run: WorkersRun, *, max_attempts: int, lease: float, restart_afte
             visible_after_crash.append(CRASH in eligible)
             run.sleep(restart_after)
         before = {s["id"]: s for s in queue.job_states(conn)}
-        reaped = Reaper(conn, events=run.log("reaper")).run_once()
+        # No grace: the lab shows the reaper's decision right after the lease (its default
+        # waits 30 s past it, for a worker that is late but alive).
+        reaped = Reaper(conn, ReaperConfig(grace=0), events=run.log("reaper")).run_once()
         after = queue.job_states(conn)[CRASH - 1]
     run.tick()
     crash = before[CRASH]

@@ -114,7 +114,8 @@ def run(design: str = "corrected", *, mix: Mix | None = None, live: Any = None,
         with (monitor.Holder(s.worker, "xid", idle_timeout=timeout) as holder,
               s.connect("worker", "probe", autocommit=True) as probe,
               s.connect("worker", "reaper", autocommit=True) as reaper_conn):
-            reaper = Reaper(reaper_conn, ReaperConfig(), run_.log("reaper"))
+            # A grace of one lease: room for a late beat, and still within the run.
+            reaper = Reaper(reaper_conn, ReaperConfig(grace=mix.lease), run_.log("reaper"))
             procs = [run_.start(**_options(design, mix, f"w{i + 1}")) for i in range(mix.workers)]
             started = time.monotonic()
             limit = mix.corrected_limit if design == "corrected" else mix.time_limit

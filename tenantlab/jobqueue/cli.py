@@ -23,8 +23,8 @@ from . import worker as w
 from .handlers import Handlers
 from .handlers import handlers as default_handlers
 from .jobs import ConfigError, JobQueueError
+from .migrations import migrate
 from .options import WorkerOptions, add_flags, count, from_args, seconds
-from .queries import q, schema
 from .reaper import Reaper, ReaperConfig, prune
 
 PROG = f"python -m {__package__}"
@@ -58,11 +58,9 @@ def load_handlers(spec: str | None) -> Handlers:
                       "from kind to function")
 
 
-def apply_schema(conn: psycopg.Connection) -> None:
-    """Create the tables and indexes unless they exist; safe when many processes start at once."""
-    with conn.transaction():
-        conn.execute(q("schema_lock"))
-        conn.execute(schema())
+def apply_schema(conn: psycopg.Connection) -> list[str]:
+    """Apply the migrations not applied yet; safe when many processes start at once."""
+    return migrate(conn)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -114,8 +112,8 @@ def add_reap_flags(p: argparse.ArgumentParser) -> None:
     """The reaper's flags (the kit's ``tenantlab reap`` has the same)."""
     p.add_argument("--requeue", action="store_true",
                    help="also requeue expired jobs that have attempts left")
-    p.add_argument("--grace", type=seconds("grace", zero=True), default=0.0,
-                   help="seconds past the lease before acting")
+    p.add_argument("--grace", type=seconds("grace", zero=True), default=ReaperConfig.grace,
+                   help="seconds past the lease before acting (default: %(default)s)")
     p.add_argument("--loop", type=seconds("loop"), default=None,
                    help="keep reaping every S seconds until stopped")
     p.add_argument("--max-outage", type=seconds("max-outage"), default=None,

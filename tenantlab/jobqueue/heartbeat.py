@@ -1,7 +1,8 @@
 """Keep the leases of every job a worker holds fresh, from one thread on one connection.
 
 A lease is a guess at the longest job: a job that outlives it is claimed again while it still
-runs. A heartbeat replaces the guess. One ``Heartbeats`` per worker process runs
+runs. A heartbeat replaces the guess, so the worker has one by default: every third of the
+lease (``AUTO``). One ``Heartbeats`` per worker process runs
 ``heartbeat_if_owner_many`` every ``interval`` seconds for all the jobs the worker holds (a
 batch claim holds several), which extends each lease by one ``lease``, only for the attempt
 this worker claimed. A job leaves the heartbeat when
@@ -11,6 +12,9 @@ this worker claimed. A job leaves the heartbeat when
 - its **maximum runtime** is reached -> ``abandon``. A stuck-but-alive worker would otherwise
   beat forever; after the limit its lease runs out, another worker may claim the job, and the
   fence keeps the stuck worker's late writes out.
+
+A beat never waits on a row lock (a batch's open transaction may hold one until it commits; two
+such waits in opposite orders would deadlock): a locked row is skipped and beaten again soon.
 
 Hazard: a beat that comes too late (a paused process, a lost connection) lets the lease
 expire; the fenced finish stays the last defence. Stopping the beat does not stop the work:
@@ -37,8 +41,21 @@ APP = (__package__ or "jobqueue").split(".")[0]
 log = logging.getLogger(APP)
 
 
+#: The default heartbeat: a third of the lease, so two beats may be late before it runs out.
+AUTO = "auto"
+
+
 class HeartbeatError(ConfigError):
     """A heartbeat or maximum runtime that cannot work with the lease it is given."""
+
+
+def interval_for(lease: float, heartbeat: float | str | None) -> float | None:
+    """Return the heartbeat's interval: ``AUTO`` = a third of the lease; None or 0 = off."""
+    if heartbeat == AUTO:
+        return lease / 3
+    if isinstance(heartbeat, str):
+        raise HeartbeatError(f"heartbeat must be seconds, {AUTO!r} or None, not {heartbeat!r}")
+    return float(heartbeat) if heartbeat else None
 
 
 @dataclass(frozen=True)
@@ -61,7 +78,7 @@ class HeartbeatConfig:
 def check(lease: float, interval: float | None, max_runtime: float | None) -> None:
     """Refuse a heartbeat interval or maximum runtime that cannot work; say why."""
     if interval is not None:
-        if not interval > 0:
+        if not 0 < interval < float("inf"):
             raise HeartbeatError(
                 f"heartbeat interval must be a positive number of seconds, not {interval!r}")
         if not interval < lease:
@@ -237,22 +254,29 @@ class Heartbeats:
             for h in due:
                 h.next_beat = soon
 
-    def _record(self, due: list[Held], extended: dict[int, Any]) -> None:
+    def _record(self, due: list[Held], owned: dict[int, Any]) -> None:
+        """Note each due job's beat: extended (owned, new lease), skipped (owned, row locked:
+        try again soon), or lost (not owned any more)."""
         with self._lock:
             now = time.monotonic()
             for h in due:
                 key = (h.claim.id, h.claim.attempt)
                 if self._held.get(key) is not h:
                     continue  # released while the beat ran: its work ended, nothing to say
-                if h.claim.id not in extended:
+                if h.claim.id not in owned:
                     del self._held[key]
                     self._lose(h)
+                    continue
+                if owned[h.claim.id] is None:
+                    # Still ours, but its row is locked by a transaction of this worker's (a
+                    # batch's, until it commits): not extended this time.
+                    h.next_beat = now + min(self.config.interval / 2, 0.5)
                     continue
                 h.beats += 1
                 # From now, not from the plan: a late beat must not be followed by a burst.
                 h.next_beat = now + self.config.interval
                 h.claim.events.emit("heartbeat", job=h.claim.id, attempt=h.claim.attempt,
-                                    until=extended[h.claim.id].timestamp())
+                                    until=owned[h.claim.id].timestamp())
 
     def _abandon(self, h: Held) -> None:
         h.abandoned = True

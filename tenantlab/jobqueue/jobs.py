@@ -6,7 +6,9 @@ application's handlers) can import it without a cycle.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 Status = Literal["done", "failed", "queued", "dead", "fenced"]
@@ -15,6 +17,10 @@ Status = Literal["done", "failed", "queued", "dead", "fenced"]
 #: (a dropped connection, a failed-over host) in about a minute instead of hours.
 CONNECT: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
                            "keepalives_count": 3, "connect_timeout": 10}
+
+
+#: A tenant id: the type the schema was installed with (bigint/integer, uuid or text).
+TenantId = int | str | uuid.UUID
 
 
 class JobQueueError(Exception):
@@ -60,11 +66,12 @@ class Claim:
     """
 
     id: int
-    tenant_id: int
+    tenant_id: TenantId
     attempt: int
     kind: str
     payload: dict[str, Any] = field(default_factory=dict)
-    run_id: int | None = None  # the job_runs row of this execution, once written
+    started: datetime | None = None  # when its work started (the fenced start's clock)
+    run_id: int | None = None  # the job_runs row of this execution, written by its finish
     worker: str = "worker"
     events: Events = field(default_factory=NullEvents, repr=False, compare=False)
 
@@ -85,6 +92,12 @@ class Outcome:
     #: jobs claimed in the same commit as this one's finish (a worker that goes on; see
     #: ``Leased.execute(claim_next=N)``): counted and leased, theirs to run next.
     claimed: list[Claim] = field(default_factory=list)
+
+
+def check_tenant(tenant: Any) -> None:
+    """Refuse a tenant id that is not an int, a str or a UUID (a bool is not an int here)."""
+    if isinstance(tenant, bool) or not isinstance(tenant, int | str | uuid.UUID) or tenant == "":
+        raise ConfigError(f"tenant must be an int, a str or a UUID, not {tenant!r}")
 
 
 def error_text(error: BaseException) -> str:

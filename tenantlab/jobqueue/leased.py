@@ -7,10 +7,24 @@ claimed may complete or fail the job, so a worker that outlived its lease cannot
 what the next attempt did (everything it wrote rolls back). A failed job waits a backoff that
 grows with its attempts; at ``max_attempts`` it is dead.
 
-Round trips per job: the claim (1, committed on its own), then the work's transaction:
-BEGIN, the tenant and the ``job_runs`` row in one statement, the handler's own statements, the
-fenced finish, COMMIT. A worker that goes on claims its next job in the finish's statement
+The start holds nothing: it is one read that sets the tenant locally and checks that this
+attempt still owns the job with its lease running (a claim whose lease ran out before its work
+began is not started). The execution's ``job_runs`` row is written by the fenced finish. So a
+handler that does not write holds no transaction id while it runs and VACUUM is free; a handler
+that writes holds one from its first write until the finish commits (that is the price of its
+writes committing atomically with the finish).
+
+Errors are told apart by the connection's state, not by the exception's class: a statement
+timeout, a lock timeout, a deadlock or a serialization failure fails its job alone (counted,
+recorded); only a broken connection is an outage, which the worker survives by reconnecting.
+
+Round trips per job: the claim (1, committed on its own), then the work's transaction: BEGIN,
+the fenced start, the handler's own statements, the fenced finish, COMMIT. A worker that goes on
+sends the claim of its next jobs with the finish, in one pipeline and one commit
 (``claim_next``): one durable commit per job, four round trips.
+
+Extension points (the lab uses them, a subclass may too): ``claim_query``, ``start_query``,
+``finish_query`` return the statement and parameters of each step.
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ from .fair import Fair
 from .fair import fair as as_fair
 from .handlers import Handler, Handlers
 from .handlers import handlers as default_handlers
-from .heartbeat import HeartbeatConfig, Heartbeats, check, dsn_of
+from .heartbeat import AUTO, HeartbeatConfig, Heartbeats, check, dsn_of, interval_for
 from .jobs import (
     Claim,
     ConfigError,
@@ -37,7 +51,8 @@ from .jobs import (
     LeaseLost,
     NullEvents,
     Outcome,
-    Status,
+    TenantId,
+    check_tenant,
     error_text,
 )
 from .queries import q
@@ -49,34 +64,40 @@ Work = Callable[[psycopg.Connection, Claim], Any]
 
 
 class Leased:
-    """Claim in a committed statement (attempt counted, lease set); fence the finish.
+    """Claim in a committed statement (attempt counted, lease set); fence the start and finish.
 
-    ``handlers``: the kinds this worker runs (default: the package's ``handlers`` registry).
-    ``lease``: seconds a claim is exclusive; a job still running after it may be claimed again.
-    ``backoff``: seconds before the first retry, doubling with each attempt (0 turns it off),
-    with jitter and capped at ``backoff_cap``. ``heartbeat``: seconds between lease extensions
-    while a job is held (one thread and connection for all of them); ``max_runtime``: seconds
-    after which the heartbeat lets a job go (abandoned). ``lossy_claim``: commit the claim
-    without waiting for its WAL flush: faster, but a server crash right after a claim can lose
-    its count, and the same attempt number is then handed out twice (off by default).
+    ``handlers``: the kinds this worker runs (default: the package's ``handlers`` registry); it
+    claims only jobs of those kinds. ``lease``: seconds a claim is exclusive unless extended.
+    ``heartbeat``: seconds between lease extensions while a job is held (one thread and
+    connection for all of them); ``"auto"`` (the default) is a third of the lease, None turns it
+    off (then a job longer than its lease is claimed again while it runs). ``max_runtime``:
+    seconds after which the heartbeat lets a job go (abandoned). ``backoff``: seconds before
+    the first retry, doubling with each attempt (0 turns it off), with jitter and capped at
+    ``backoff_cap``. ``lossy_claim``: commit a claim made on its own without waiting for its WAL
+    flush (a claim sent with a finish commits with it, durably): faster, but a server crash
+    right after a claim can lose its count, and the same attempt number is then handed out
+    twice (off by default). ``fair``: a fair claim policy (fair.py) instead of the oldest first.
+    ``chain_claims``: claim the next jobs in the finish's commit (False: always on their own).
     """
 
     name = "leased"
+    chain_claims = True
 
     def __init__(self, handlers: Handlers | dict[str, Handler] | None = None, *,
                  lease: float = 30.0, backoff: float = 1.0, backoff_cap: float = 300.0,
-                 heartbeat: float | None = None, max_runtime: float | None = None,
+                 heartbeat: float | str | None = AUTO, max_runtime: float | None = None,
                  lossy_claim: bool = False, fair: Fair | str | None = None) -> None:
-        if not lease > 0:
+        if not lease > 0 or lease == float("inf"):
             raise ConfigError(f"lease must be a positive number of seconds, not {lease!r}")
         if backoff < 0 or backoff_cap < 0:
             raise ConfigError(f"backoff must be 0 (off) or positive seconds, not {backoff!r}")
-        check(float(lease), heartbeat, max_runtime)
+        interval = interval_for(float(lease), heartbeat)
+        check(float(lease), interval, max_runtime)
         if handlers is None:
             handlers = default_handlers
         self.handlers = handlers if isinstance(handlers, Handlers) else Handlers(handlers)
         self.lease, self.backoff, self.backoff_cap = float(lease), float(backoff), backoff_cap
-        self.beat = HeartbeatConfig(self.lease, heartbeat, max_runtime) if heartbeat else None
+        self.beat = HeartbeatConfig(self.lease, interval, max_runtime) if interval else None
         self.lossy_claim = lossy_claim
         #: A fair claim policy (fair.py) instead of the oldest job first; None = FIFO.
         self.fair = as_fair(fair)
@@ -86,34 +107,60 @@ class Leased:
 
     def __repr__(self) -> str:
         extra = f", heartbeat={self.beat.interval:g}, max_runtime={self.beat.max_runtime}" \
-            if self.beat else ""
+            if self.beat else ", heartbeat=None"
         extra += f", fair={str(self.fair)!r}" if self.fair else ""
         return f"Leased(lease={self.lease:g}, backoff={self.backoff:g}{extra})"
+
+    def kinds(self) -> list[str]:
+        """Return the job kinds this worker claims: those it has a handler for."""
+        return sorted(self.handlers)
+
+    # -- the statements (extension points) -----------------------------------------------------
+
+    def claim_query(self, n: int, *, chained: bool = False) -> tuple[str, dict[str, Any]]:
+        """Return the claim statement (FIFO, lossy or fair) for up to `n` jobs, and its parameters.
+
+        ``chained``: the claim travels with a finish (or in a batch's transaction), whose commit
+        is durable; lossy applies only to a claim that is a transaction of its own.
+        """
+        params: dict[str, Any] = {"lease": self.lease, "batch": n, "kinds": self.kinds()}
+        if self.fair:
+            return q(self.fair.query), params | self.fair.params
+        lossy = self.lossy_claim and not chained
+        return q("claim_leased_lossy" if lossy else "claim_leased"), params
+
+    def start_query(self, claim: Claim) -> tuple[str, dict[str, Any]]:
+        """Return the start: the tenant set locally, if this attempt still owns a live lease.
+
+        One row back (the start time) = started; no row = not started (fenced).
+        """
+        return q("start_if_owner"), {"id": claim.id, "attempt": claim.attempt,
+                                     "tenant": str(claim.tenant_id)}
+
+    def finish_query(self, claim: Claim) -> tuple[str, dict[str, Any]]:
+        """Return the finish: fenced (only the claimed attempt may finish), its job_runs row.
+
+        One row back: (jobs finished, the run's id); 0 jobs finished = fenced out.
+        """
+        return q("complete_if_owner"), {"id": claim.id, "attempt": claim.attempt,
+                                        "worker": claim.worker, "started": claim.started}
 
     # -- claim ---------------------------------------------------------------------------------
 
     def claim_many(self, conn: psycopg.Connection, n: int = 1, *, worker: str = "worker",
                    events: Events | None = None) -> list[Claim]:
-        """Claim up to `n` eligible jobs, oldest first (or as ``fair`` picks), each leased."""
+        """Claim up to `n` claimable jobs of this worker's kinds, each leased."""
         events = events or NullEvents(worker)
-        query, params = self._claim_query(n)
         # Its own transaction (autocommit: one statement), committed before any work starts.
         with _autocommit(conn), conn.cursor(row_factory=class_row(Claim)) as cur:
-            claims = cur.execute(query, params).fetchall()
+            claims = cur.execute(*self.claim_query(n)).fetchall()
         claims.sort(key=lambda c: c.id)
         self._claimed(conn, claims, worker, events)
         return claims
 
-    def _claim_query(self, n: int) -> tuple[str, dict[str, Any]]:
-        """Return this worker's claim statement (FIFO, lossy or fair) and its parameters."""
-        params: dict[str, Any] = {"lease": self.lease, "batch": n}
-        if self.fair:
-            return q(self.fair.query), params | self.fair.params
-        return q("claim_leased_lossy" if self.lossy_claim else "claim_leased"), params
-
     def claim(self, conn: psycopg.Connection, *, worker: str = "worker",
               events: Events | None = None) -> Claim | None:
-        """Claim the oldest eligible job; None when there is none."""
+        """Claim the first claimable job; None when there is none."""
         claims = self.claim_many(conn, 1, worker=worker, events=events)
         return claims[0] if claims else None
 
@@ -132,8 +179,9 @@ class Leased:
                 claim_next: int | Callable[[], int] = 0) -> Outcome:
         """Run the job's handler as its tenant, and complete it if this attempt still owns it.
 
-        The handler's errors propagate (``run_one`` hands them to ``fail``). When the fence says
-        another attempt owns the job, everything this execution wrote rolls back.
+        The handler's errors propagate (``run_claimed`` hands them to ``fail``). A claim whose
+        lease ran out before the start is not started; when the fence says another attempt owns
+        the job, everything this execution wrote rolls back: both are "fenced".
         ``claim_next``: also claim up to that many jobs in the finish's commit (one durable
         commit per job, not two); they are in the outcome's ``claimed``, counted and leased. A
         callable is asked at the finish (a worker told to stop meanwhile claims nothing).
@@ -143,10 +191,14 @@ class Leased:
         if events is not None:
             claim.events = events
         ev = claim.events
+        step = "start"
         try:
             try:
                 with _work_transaction(conn):
-                    self._start(conn, claim)
+                    if not self._start(conn, claim):
+                        raise LeaseLost(f"job {claim.id} lease ran out before its start at "
+                                        f"attempt {claim.attempt}: not started")
+                    step = "complete"
                     fn = work or self.handlers.lookup(claim)
                     result = fn(conn, claim)
                     # The heartbeat covers the work only: released before the finish, a beat
@@ -159,45 +211,45 @@ class Leased:
             finally:
                 self.release(claim)
         except LeaseLost as e:
-            ev.emit("fenced", job=claim.id, attempt=claim.attempt, step="complete")
+            ev.emit("fenced", job=claim.id, attempt=claim.attempt, step=step)
             return Outcome(claim, "fenced", error=str(e))
         ev.emit("finish", job=claim.id, attempt=claim.attempt, result=result)
         # Committed: the next jobs are this worker's now.
         self._claimed(conn, claimed, claim.worker, ev)
         return Outcome(claim, "done", result=result, claimed=claimed)
 
-    def _start(self, conn: psycopg.Connection, claim: Claim) -> None:
-        """Set the tenant (local form) and write the execution's job_runs row, in one statement."""
-        self._started(claim, conn.execute(q("start_run"), _start_params(claim)).fetchone())
+    def _start(self, conn: psycopg.Connection, claim: Claim) -> bool:
+        """Start the job (tenant set locally) if it is still this attempt's; False: fenced."""
+        return self._started(claim, conn.execute(*self.start_query(claim)).fetchone())
 
-    def _started(self, claim: Claim, row: Any) -> None:
-        claim.run_id = row[0] if row else None
+    def _started(self, claim: Claim, row: Any) -> bool:
+        if not row:
+            return False
+        claim.started = row[0]
         claim.events.emit("execute", job=claim.id, attempt=claim.attempt,
                           tenant=claim.tenant_id, kind=claim.kind)
-
-    def _finish(self, claim: Claim) -> tuple[str, dict[str, Any]]:
-        """The statement that finishes a job: fenced, only the claimed attempt may finish."""
-        return q("complete_if_owner"), {"id": claim.id, "attempt": claim.attempt,
-                                        "run": claim.run_id}
+        return True
 
     def _complete(self, conn: psycopg.Connection, claim: Claim,
                   claim_next: int = 0) -> tuple[bool, list[Claim]]:
-        """Finish the job if this attempt still owns it (False = fenced out); claim the next."""
-        if not claim_next or self.fair:
-            row = conn.execute(*self._finish(claim)).fetchone()
-            if not (row and row[0]) or not claim_next:
-                return bool(row and row[0]), []
-            # A fair claim has no finish-and-claim statement: its own statement, in the same
-            # transaction as the fenced finish (one commit for both, as with FIFO).
-            with conn.cursor(row_factory=class_row(Claim)) as cur:
-                claims = cur.execute(*self._claim_query(claim_next)).fetchall()
-            return True, sorted(claims, key=lambda c: c.id)
-        rows = conn.execute(q("complete_if_owner_and_claim"), {
-            "id": claim.id, "attempt": claim.attempt, "run": claim.run_id,
-            "lease": self.lease, "batch": claim_next}).fetchall()
-        claims = sorted((Claim(id=r[1], tenant_id=r[2], attempt=r[3], kind=r[4], payload=r[5])
-                         for r in rows if r[1] is not None), key=lambda c: c.id)
-        return bool(rows and rows[0][0]), claims
+        """Finish the job if this attempt still owns it (False = fenced out); claim the next.
+
+        The claim goes out with the finish, pipelined (one round trip) and committed with it:
+        a fenced finish raises, and the claim rolls back with everything else.
+        """
+        chain = claim_next and self.chain_claims
+        with conn.pipeline():
+            done = conn.execute(*self.finish_query(claim))
+            if chain:
+                cur = conn.cursor(row_factory=class_row(Claim))
+                cur.execute(*self.claim_query(claim_next, chained=True))
+        row = done.fetchone()
+        finished = bool(row and row[0])
+        if finished and row is not None and len(row) > 1:
+            claim.run_id = row[1]
+        if not (finished and chain):
+            return finished, []
+        return True, sorted(cur.fetchall(), key=lambda c: c.id)
 
     def _claimed(self, conn: psycopg.Connection, claims: list[Claim], worker: str,
                  events: Events) -> None:
@@ -222,19 +274,26 @@ class Leased:
         ev = events or claim.events
         text = error_text(error)
         with _autocommit(conn):
-            row = conn.execute(q("fail_if_owner"), {
-                "id": claim.id, "attempt": claim.attempt, "error": text,
-                "backoff": self.backoff, "backoff_cap": self.backoff_cap,
-            }).fetchone()
+            row = conn.execute(*self._fail_query(claim, text)).fetchone()
+        return self._failed(claim, text, row, ev)
+
+    def _fail_query(self, claim: Claim, text: str) -> tuple[str, dict[str, Any]]:
+        return q("fail_if_owner"), {"id": claim.id, "attempt": claim.attempt, "error": text,
+                                    "backoff": self.backoff, "backoff_cap": self.backoff_cap}
+
+    def _failed(self, claim: Claim, text: str, row: Any, ev: Events, *,
+                emit: bool = True) -> Outcome:
         if row is None:
-            ev.emit("fenced", job=claim.id, attempt=claim.attempt, step="fail", error=text)
+            if emit:
+                ev.emit("fenced", job=claim.id, attempt=claim.attempt, step="fail", error=text)
             return Outcome(claim, "fenced", error=text)
         status, _attempts, run_after = row
         log.info("job %s attempt %s failed (%s): %s", claim.id, claim.attempt, status, text)
-        ev.emit("fail", job=claim.id, attempt=claim.attempt, error=text, counted=True,
-                run_after=run_after)
-        if status == "dead":
-            ev.emit("dead", job=claim.id, attempt=claim.attempt)
+        if emit:
+            ev.emit("fail", job=claim.id, attempt=claim.attempt, error=text, counted=True,
+                    run_after=run_after)
+            if status == "dead":
+                ev.emit("dead", job=claim.id, attempt=claim.attempt)
         return Outcome(claim, status, error=text)
 
     # -- all three -----------------------------------------------------------------------------
@@ -245,13 +304,15 @@ class Leased:
         try:
             return self.execute(conn, claim, work, claim_next=claim_next)
         except Exception as e:
-            # A lost connection fails here too and propagates: the lease expires, and the
-            # job is retried, counted (the worker reconnects).
+            if broken(conn):
+                # The connection is gone: the job's lease expires and it is retried, counted
+                # (the worker reconnects). Any other error is the job's own.
+                raise
             return self.fail(conn, claim, e)
 
     def run_one(self, conn: psycopg.Connection, work: Work | None = None, *,
                 worker: str = "worker", events: Events | None = None) -> Outcome | None:
-        """Claim, execute, and on error fail the oldest eligible job; None when there is none."""
+        """Claim, execute, and on error fail the first claimable job; None when there is none."""
         claim = self.claim(conn, worker=worker, events=events)
         if claim is None:
             return None
@@ -261,69 +322,66 @@ class Leased:
                      claim_next: int | Callable[[], int] = 0) -> list[Outcome]:
         """Run claimed jobs one after another in one transaction, one commit for them all.
 
-        Each job runs in a savepoint of its own: its tenant set locally, its finish fenced on
-        its own (a fenced or failing job rolls back to its savepoint, and a failure is counted
-        in the same transaction). One fsync for the batch instead of one per job; the price: a
-        crash before that commit loses every finish of the batch (their attempts were counted
-        at the claim: they run again, counted), and the batch's last job must end within the
-        first one's lease (use a heartbeat for long batches).
+        Each job runs in a savepoint of its own: its start and finish fenced on their own, its
+        tenant set locally. A job that fails (a statement timeout, a deadlock: any error on a
+        connection that is still up) or is fenced rolls back to its savepoint, and a failure is
+        counted in the same transaction: the batch goes on. One fsync for the batch instead of
+        one per job; the price: a lost connection or a crash before that commit loses every
+        finish of the batch (their attempts were counted at the claim: they run again, counted).
         """
         results: list[tuple[Claim, Outcome]] = []
         claimed: list[Claim] = []
         with _work_transaction(conn):
-            started = -1  # the last job whose savepoint and start were sent
+            started: dict[int, bool] = {}  # job index -> its start was sent (and succeeded)
             for i, c in enumerate(claims):
                 # Savepoint j<i> is never released: a fenced or failing job rolls back to it.
                 # Pipelined, a done job costs one round trip: its fenced finish travels with
                 # the next job's savepoint and start (a fenced finish rolls those back too,
                 # and the next job starts again).
                 try:
-                    try:
-                        if started < i:
-                            with conn.pipeline():
-                                conn.execute(f"savepoint j{i}")
-                                cur = conn.execute(q("start_run"), _start_params(c))
-                            self._started(c, cur.fetchone())
-                            started = i
-                        result = self.handlers.lookup(c)(conn, c)
-                        self.release(c)
-                        nxt = claims[i + 1] if i + 1 < len(claims) else None
+                    if i not in started:
                         with conn.pipeline():
-                            done = conn.execute(*self._finish(c))
-                            if nxt is not None:
-                                conn.execute(f"savepoint j{i + 1}")
-                                cur = conn.execute(q("start_run"), _start_params(nxt))
-                        if not (row := done.fetchone()) or not row[0]:
-                            raise LeaseLost(f"job {c.id} lease lost at attempt {c.attempt}")
-                        if nxt is not None:
-                            self._started(nxt, cur.fetchone())
-                            started = i + 1
-                    except (psycopg.OperationalError, psycopg.InterfaceError):
-                        raise  # the connection is gone: the worker reconnects
-                    except BaseException:
-                        if not conn.closed:
-                            conn.execute(f"rollback to savepoint j{i}")
-                        raise
-                    results.append((c, Outcome(c, "done", result=result)))
-                except LeaseLost as e:
-                    results.append((c, Outcome(c, "fenced", error=str(e))))
-                except (psycopg.OperationalError, psycopg.InterfaceError):
-                    raise
-                except Exception as e:
+                            conn.execute(f"savepoint j{i}")
+                            cur = conn.execute(*self.start_query(c))
+                        started[i] = self._started(c, cur.fetchone())
+                    if not started[i]:
+                        raise LeaseLost(f"job {c.id} lease ran out before its start at attempt "
+                                        f"{c.attempt}: not started")
+                    result = self.handlers.lookup(c)(conn, c)
                     self.release(c)
+                    nxt = claims[i + 1] if i + 1 < len(claims) else None
+                    with conn.pipeline():
+                        done = conn.execute(*self.finish_query(c))
+                        if nxt is not None:
+                            conn.execute(f"savepoint j{i + 1}")
+                            cur = conn.execute(*self.start_query(nxt))
+                    if not (row := done.fetchone()) or not row[0]:
+                        raise LeaseLost(f"job {c.id} lease lost at attempt {c.attempt}")
+                    c.run_id = row[1] if len(row) > 1 else None
+                    if nxt is not None:
+                        started[i + 1] = self._started(nxt, cur.fetchone())
+                    results.append((c, Outcome(c, "done", result=result)))
+                except BaseException as e:
+                    self.release(c)
+                    if broken(conn) or not isinstance(e, Exception):
+                        raise  # the connection is gone (the worker reconnects), or a stop
+                    # The job's own error (or its fence): the connection is fine. Back to its
+                    # savepoint (the next job's start, if it was sent, goes with it).
+                    conn.execute(f"rollback to savepoint j{i}")
+                    started.pop(i + 1, None)
+                    if isinstance(e, LeaseLost):
+                        results.append((c, Outcome(c, "fenced", error=str(e))))
+                        continue
                     text = error_text(e)
-                    row = conn.execute(q("fail_if_owner"), {
-                        "id": c.id, "attempt": c.attempt, "error": text,
-                        "backoff": self.backoff, "backoff_cap": self.backoff_cap,
-                    }).fetchone()
-                    status: Status = row[0] if row else "fenced"
-                    results.append((c, Outcome(c, status, error=text)))
+                    row = conn.execute(*self._fail_query(c, text)).fetchone()
+                    results.append((c, self._failed(c, text, row, c.events, emit=False)))
             more = claim_next() if callable(claim_next) else claim_next
             if more:
                 with conn.cursor(row_factory=class_row(Claim)) as claim_cur:
-                    # The worker's own claim (FIFO, lossy or fair), as every other claim.
-                    claimed = sorted(claim_cur.execute(*self._claim_query(more)).fetchall(),
-                                     key=lambda c: c.id)
+                    # The worker's own claim (FIFO or fair), durable: it commits with the batch.
+                    claimed = sorted(
+                        claim_cur.execute(*self.claim_query(more, chained=True)).fetchall(),
+                        key=lambda c: c.id)
         # Committed: now it happened, and the events say so.
         for c, o in results:
             ev = c.events
@@ -346,15 +404,27 @@ class Leased:
             self._heartbeats.close()
 
 
-def enqueue(conn: psycopg.Connection, kind: str, *, tenant: int, payload: Any = None,
+def broken(conn: psycopg.Connection) -> bool:
+    """Return True when `conn` can no longer be used: the server or the network went away.
+
+    What tells an outage from a job's own error (a statement timeout, a lock timeout, a
+    deadlock, a serialization failure: all OperationalError subclasses, on a connection that
+    is still fine).
+    """
+    return bool(conn.closed or conn.broken)
+
+
+def enqueue(conn: psycopg.Connection, kind: str, *, tenant: TenantId, payload: Any = None,
             max_attempts: int = 3, run_after: Any = None) -> int:
     """Queue one job of any kind for `tenant`; return its id. Runs in the caller's transaction.
 
-    The kind is not checked here: a worker without a handler for it fails the job (counted)
-    with an error that names the kinds it knows. ``payload``: anything JSON can hold.
+    Only workers with a handler for the kind claim it; until one runs, it waits, queued.
+    ``tenant``: an int, str or UUID (the type chosen at install). ``payload``: anything JSON
+    can hold. ``run_after``: a datetime before which no worker takes it.
     """
-    if isinstance(tenant, bool) or not isinstance(tenant, int):
-        raise ConfigError(f"tenant must be an int, not {tenant!r}")
+    check_tenant(tenant)
+    if not isinstance(kind, str) or not kind:
+        raise ConfigError(f"a job kind must be a non-empty string, not {kind!r}")
     if max_attempts < 1:
         raise ConfigError(f"max_attempts must be at least 1, not {max_attempts}")
     json.dumps(payload)  # refuse what cannot be stored, here rather than in the worker
@@ -364,11 +434,6 @@ def enqueue(conn: psycopg.Connection, kind: str, *, tenant: int, payload: Any = 
     }).fetchone()
     assert row is not None
     return int(row[0])
-
-
-def _start_params(claim: Claim) -> dict[str, Any]:
-    return {"id": claim.id, "worker": claim.worker, "attempt": claim.attempt,
-            "tenant": str(claim.tenant_id)}
 
 
 def _name(conn: psycopg.Connection) -> str:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .fair import Fair
 from .fair import flag as fair_flag
+from .heartbeat import AUTO, check, interval_for
 from .jobs import ConfigError
 
 
@@ -28,7 +30,7 @@ def number(kind: type, what: str, *, zero: bool = False, unit: str = "") -> Call
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{valid}, not {text!r}") from None
-        if value < 0 or (value == 0 and not zero):
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
             raise argparse.ArgumentTypeError(f"{valid}, not {text!r}")
         return value
     return parse
@@ -58,8 +60,9 @@ class WorkerOptions:
     backoff: float = option(1.0, "first retry delay in seconds, doubling per attempt; 0 = off",
                             parse=seconds("backoff", zero=True))
     heartbeat: float | None = option(
-        None, "extend the leases every S seconds while jobs run; S < lease",
-        parse=seconds("heartbeat"))
+        None, "extend the leases every S seconds while jobs run, S < lease (default: a third "
+              "of the lease; 0 = off: a job longer than its lease then runs again)",
+        parse=seconds("heartbeat", zero=True))
     max_runtime: float | None = option(
         None, "stop extending a job's lease after S seconds: the job is abandoned",
         parse=seconds("max-runtime"))
@@ -70,8 +73,10 @@ class WorkerOptions:
                "of its own: one fsync per batch, but a crash loses the whole batch's finishes "
                "(its jobs run again, counted)")
     lossy_claim: bool = option(
-        False, "commit the claim without waiting for its WAL flush: faster, but a server crash "
-               "right after a claim can lose its count (one attempt number handed out twice)")
+        False, "commit a claim made on its own without waiting for its WAL flush (a claim sent "
+               "with a finish or in a batch commits with it, durably): faster, but a server "
+               "crash right after such a claim can lose its count (one attempt number handed "
+               "out twice); nothing else is committed lossily")
     poll: float = option(0.5, "seconds between polls when idle (a NOTIFY wakes it sooner)",
                          parse=seconds("poll"))
     listen: bool = option(True, "do not LISTEN for enqueues: poll only", flag="--no-listen")
@@ -99,6 +104,15 @@ class WorkerOptions:
             raise ConfigError(f"poll must be a positive number of seconds, not {self.poll}")
         if self.fair is not None:
             self.fair = str(Fair.parse(self.fair))
+            if self.lossy_claim:
+                raise ConfigError("lossy-claim has no fair variant: use one or the other")
+        check(self.lease, interval_for(self.lease, self.heartbeat_setting()), self.max_runtime)
+
+    def heartbeat_setting(self) -> float | str | None:
+        """Return the heartbeat as ``Leased`` takes it: AUTO (the default), seconds, or None (off)."""
+        if self.heartbeat is None:
+            return AUTO
+        return self.heartbeat or None
 
 
 def _flag(f: dataclasses.Field) -> str:

@@ -32,10 +32,12 @@ log = logging.getLogger(APP)
 
 @dataclass(frozen=True)
 class ReaperConfig:
-    """How the reaper decides. Defaults: exhausted jobs only."""
+    """How the reaper decides. Defaults: exhausted jobs only, 30 s after their lease ran out."""
 
     batch: int = 100  # jobs per run_once
-    grace: float = 0.0  # seconds past locked_until before a job counts as abandoned
+    #: Seconds past locked_until before a job counts as abandoned: a live worker whose beat or
+    #: finish is late (a pause, a slow commit) is not declared dead at the first instant.
+    grace: float = 30.0
     requeue: bool = False  # also put expired jobs with attempts left back to queued
     interval: float = 5.0  # seconds between runs in run_forever
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from .jobs import JobQueueError
+from .jobs import ConfigError, JobQueueError, TenantId, check_tenant
 from .queries import q
 
 
@@ -18,10 +18,12 @@ class TenantContextError(JobQueueError):
     """The tenant context cannot be set the way it was asked for."""
 
 
-def set_tenant_local(conn: psycopg.Connection, tenant: int) -> None:
+def set_tenant_local(conn: psycopg.Connection, tenant: TenantId) -> None:
     """Make `tenant` the tenant context of the transaction in progress on `conn`."""
-    if isinstance(tenant, bool) or not isinstance(tenant, int):
-        raise TenantContextError(f"tenant must be an int, not {tenant!r}")
+    try:
+        check_tenant(tenant)
+    except ConfigError as e:
+        raise TenantContextError(str(e)) from None
     if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
         # In autocommit the statement is its own transaction: the setting would end before the
         # next statement runs, and the job would silently see no rows.

@@ -1,10 +1,14 @@
 """Run a worker: claim and run jobs until told to stop, surviving the server going away.
 
 Stops cleanly on SIGTERM/SIGINT after its current job (or batch); a second signal stops it at
-once. An idle worker waits on LISTEN (``enqueue`` notifies in its own transaction) with the
+once (the job in flight then rolls back; its lease expires and it is retried, counted). It
+refuses to start without handlers or on a schema that is missing or behind (``ConfigError``).
+An idle worker waits on LISTEN (``enqueue`` notifies in its own transaction) with the
 poll as the fallback. A lost connection (server restart, failover, a dropped TCP connection)
 is logged once per outage and reopened with capped, jittered backoff; the job in flight then is
-neither finished nor lost: its lease expires and it is retried, counted.
+neither finished nor lost: its lease expires and it is retried, counted. A statement that fails
+on a connection that is still up (a claim that hit a statement or lock timeout) is not an
+outage: the worker logs it and goes on.
 
 Exit statuses, for supervisors (systemd ``RestartPreventExitStatus=2``, k8s):
 ``0`` stopped (signal, ``--max-jobs``, ``--until-empty``); ``1`` crashed (a bug, or a job that
@@ -26,8 +30,9 @@ from typing import Any, Protocol
 import psycopg
 
 from .handlers import Handlers
-from .jobs import CONNECT, Claim, Events, JobQueueError, NullEvents, Outcome
-from .leased import Leased
+from .jobs import CONNECT, Claim, ConfigError, Events, JobQueueError, NullEvents, Outcome, error_text
+from .leased import Leased, broken
+from .migrations import check as check_schema
 from .options import WorkerOptions
 from .queries import q
 
@@ -99,8 +104,10 @@ class Worker:
         self.name = o.name or f"worker-{os.getpid()}"
         self.events = events or NullEvents(self.name)
         self.queue = queue or Leased(handlers, lease=o.lease, backoff=o.backoff,
-                                     heartbeat=o.heartbeat, max_runtime=o.max_runtime,
-                                     lossy_claim=o.lossy_claim, fair=o.fair)
+                                     heartbeat=o.heartbeat_setting(),
+                                     max_runtime=o.max_runtime, lossy_claim=o.lossy_claim,
+                                     fair=o.fair)
+        self.checked = False  # the schema and the grants, once the server first answers
         self.stopping = False
         self.claimed = 0
         self.outage = Outage(self.name, o.max_outage, sleep=self._sleep)
@@ -113,13 +120,23 @@ class Worker:
         self.events.emit("stop-requested", signal=signum)
 
     def run(self) -> int:
-        """Run until stopped; return how many jobs were claimed. Raises ServerLost."""
+        """Run until stopped; return how many jobs were claimed.
+
+        Raises ServerLost (the server was away for longer than ``max_outage``) and ConfigError
+        (no handlers; the schema missing or behind; a grant missing).
+        """
+        if isinstance(self.queue, Leased) and not self.queue.handlers:
+            raise ConfigError("no handlers registered: a worker without handlers can run no "
+                              "job (register them, or point --handlers at their module)")
         self.events.emit("worker-start", **dataclasses.asdict(self.options))
         try:
             while not self.stopping:
                 try:
                     with connect(self.dsn, self.name) as conn:
                         self.outage.ok()
+                        if not self.checked:
+                            check_schema(conn)
+                            self.checked = True
                         if self._serve(conn):
                             break
                 except LOST as e:
@@ -142,7 +159,18 @@ class Worker:
         # Jobs already claimed (with the last finish) are part of the current job: run them
         # even when a stop was asked for meanwhile.
         while pending or not self.stopping:
-            outcomes = self._one_round(conn, pending)
+            try:
+                outcomes = self._one_round(conn, pending)
+            except psycopg.Error as e:
+                if broken(conn) or isinstance(e, psycopg.errors.ReadOnlySqlTransaction):
+                    raise  # an outage: reconnect
+                # A statement failed on a healthy connection (a claim that hit a statement or
+                # lock timeout): not the server going away. The jobs in hand, if any, are let
+                # go; their leases run out and they are retried, counted.
+                log.warning("%s: %s; trying again", self.name, error_text(e))
+                pending = []
+                self._sleep(1.0)
+                continue
             pending = outcomes[-1].claimed if outcomes else []
             if not outcomes:
                 if o.until_empty:

@@ -1,15 +1,17 @@
 -- The worker's queries (tenantlab/jobqueue). Job ids, tenants, attempts, leases and durations
--- are always bound parameters. A guard is in the WHERE clause and in the name: `_if_owner`
--- queries act only for the attempt this worker claimed, and say by their row count whether
--- they did (no row = fenced out: another attempt owns the job now).
+-- are always bound parameters; every table is named with its schema (`jobqueue.`), so nothing
+-- depends on the session's search_path. A guard is in the WHERE clause and in the name:
+-- `_if_owner` queries act only for the attempt this worker claimed, and say by their row count
+-- whether they did (no row = fenced out: another attempt owns the job now).
 
--- Run by jobqueue.enqueue, in the caller's transaction: one job, any kind (the worker checks
--- at run time that it has a handler). The notification goes out when that transaction
--- commits (never for a rollback), and wakes the idle workers listening on `jobqueue`.
+-- Run by jobqueue.enqueue, in the caller's transaction: one job. The notification goes out when
+-- that transaction commits (never for a rollback), and wakes the idle workers listening on
+-- `jobqueue`.
 -- name: enqueue
 with job as (
-  insert into jobs (tenant_id, kind, payload, max_attempts, run_after)
-  values (%(tenant)s, %(kind)s, %(payload)s, %(max_attempts)s, %(run_after)s)
+  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after)
+  values (%(tenant)s, %(kind)s, %(payload)s, %(max_attempts)s,
+          coalesce(%(run_after)s::timestamptz, clock_timestamp()))
   returning id
 )
 select id, pg_notify('jobqueue', '') from job;
@@ -19,65 +21,66 @@ select id, pg_notify('jobqueue', '') from job;
 listen jobqueue;
 
 -- Run by Leased.claim as a statement of its own, committed (durably) before any work starts:
--- the oldest eligible job, its attempt counted and its lease set in the same statement. A
--- crash from here on cannot undo the count. Reads the jobs_claimable index only.
+-- the first claimable jobs of the worker's kinds, each attempt counted and its lease set in the
+-- same statement. A crash from here on cannot undo the count. Reads the jobs_claimable index
+-- through the view `claimable`, the one definition of what may be claimed.
 -- name: claim_leased
-update jobs
+update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id in (select id from jobs
-               where status in ('queued', 'running')
-                 and (status = 'queued' or locked_until < clock_timestamp())
-                 and attempts < max_attempts
-                 and (run_after is null or run_after <= clock_timestamp())
-               order by id limit %(batch)s
+ where id in (select id from jobqueue.claimable
+               where kind = any(%(kinds)s::text[])
+               order by claimable_at, id limit %(batch)s
                for update skip locked)
 returning id, tenant_id, attempts as attempt, kind, payload;
 
--- Run by Leased.claim with lossy_claim=True: the same claim, committed without waiting for
--- its WAL flush. Faster; but a server crash right after it can lose the count, and the same
--- attempt number is then handed out twice (the fence cannot tell those executions apart).
+-- Run by Leased.claim with lossy_claim=True, only for a claim that is a transaction of its own:
+-- the same claim, committed without waiting for its WAL flush. Faster; but a server crash right
+-- after it can lose the count, and the same attempt number is then handed out twice (the fence
+-- cannot tell those executions apart).
 -- name: claim_leased_lossy
-update jobs
+update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
   from (select set_config('synchronous_commit', 'off', true)) as lossy
- where id in (select id from jobs
-               where status in ('queued', 'running')
-                 and (status = 'queued' or locked_until < clock_timestamp())
-                 and attempts < max_attempts
-                 and (run_after is null or run_after <= clock_timestamp())
-               order by id limit %(batch)s
+ where id in (select id from jobqueue.claimable
+               where kind = any(%(kinds)s::text[])
+               order by claimable_at, id limit %(batch)s
                for update skip locked)
 returning id, tenant_id, attempts as attempt, kind, payload;
 
 -- Run by Leased.execute as the first statement of the work's transaction: the tenant in its
--- local form (it ends with the transaction, whatever the outcome) and the execution's job_runs
--- row (a rollback takes it with it), in one round trip.
--- name: start_run
-with run as (
-  insert into job_runs (job_id, worker, attempt) values (%(id)s, %(worker)s, %(attempt)s)
-  returning id
-)
-select run.id, set_config('app.tenant', %(tenant)s, true) from run;
+-- local form (it ends with the transaction, whatever the outcome), only while this attempt still
+-- owns the job and its lease has not run out (no row: do not start; another worker may already
+-- run it). A read: it takes no transaction id and, in READ COMMITTED, holds no snapshot after
+-- it, so a handler that does not write holds nothing VACUUM waits for.
+-- name: start_if_owner
+select clock_timestamp() as started, set_config('app.tenant', %(tenant)s, true)
+  from jobqueue.jobs
+ where id = %(id)s and attempts = %(attempt)s and status = 'running'
+   and locked_until > clock_timestamp();
 
 -- Run by handlers that need the tenant set again (or set by hand): the local form only.
 -- name: tenant_set_local
 select set_config('app.tenant', %(tenant)s, true);
 
 -- Run by Leased.execute as the last statement of the work's transaction: only the attempt that
--- was claimed may finish. Returns how many jobs it finished (0 = fenced out: roll back).
+-- was claimed may finish; the execution's job_runs row is written with it. Returns how many jobs
+-- it finished (0 = fenced out: roll back) and the run's id.
 -- name: complete_if_owner
 with done as (
-  update jobs set status = 'done', locked_until = null, last_error = null,
-                  finished = clock_timestamp()
+  update jobqueue.jobs set status = 'done', locked_until = null, last_error = null,
+                           finished = clock_timestamp()
    where id = %(id)s and attempts = %(attempt)s and status = 'running'
   returning id
 ), run as (
-  update job_runs set finished = clock_timestamp()
-   where id = %(run)s and job_id in (select id from done)
+  insert into jobqueue.job_runs (job_id, worker, attempt, started, finished)
+  select id, %(worker)s, %(attempt)s, coalesce(%(started)s::timestamptz, clock_timestamp()),
+         clock_timestamp()
+    from done
+  returning id
 )
-select count(*) as finished from done;
+select count(*) as finished, (select id from run) as run from done;
 
 -- Run by Leased.execute instead of complete_if_owner when the worker goes on: the fenced
 -- finish of this job and the claim of the next ones, committed together. One durable commit
@@ -87,73 +90,88 @@ select count(*) as finished from done;
 -- fenced out (roll back).
 -- name: complete_if_owner_and_claim
 with done as (
-  update jobs set status = 'done', locked_until = null, last_error = null,
-                  finished = clock_timestamp()
+  update jobqueue.jobs set status = 'done', locked_until = null, last_error = null,
+                           finished = clock_timestamp()
    where id = %(id)s and attempts = %(attempt)s and status = 'running'
   returning id
 ), run as (
-  update job_runs set finished = clock_timestamp()
-   where id = %(run)s and job_id in (select id from done)
+  insert into jobqueue.job_runs (job_id, worker, attempt, started, finished)
+  select id, %(worker)s, %(attempt)s, coalesce(%(started)s::timestamptz, clock_timestamp()),
+         clock_timestamp()
+    from done
+  returning id
 ), next as (
-  update jobs
+  update jobqueue.jobs
      set status = 'running', attempts = attempts + 1,
          locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
-   where id in (select id from jobs
-                 where status in ('queued', 'running')
-                   and (status = 'queued' or locked_until < clock_timestamp())
-                   and attempts < max_attempts
-                   and (run_after is null or run_after <= clock_timestamp())
-                   and id <> %(id)s
-                 order by id limit %(batch)s
+   where id in (select id from jobqueue.claimable
+                 where kind = any(%(kinds)s::text[]) and id <> %(id)s
+                 order by claimable_at, id limit %(batch)s
                  for update skip locked)
   returning id, tenant_id, attempts as attempt, kind, payload
 )
-select (select count(*) from done) as finished,
+select (select count(*) from done) as finished, (select id from run) as run,
        next.id, next.tenant_id, next.attempt, next.kind, next.payload
   from (select) as one left join next on true;
 
--- Run by Leased.fail in a new transaction after the work failed: fenced like the completion.
--- Queued again after a backoff that doubles with each attempt (times 0.75..1.25 of jitter,
--- capped), or dead at max_attempts. No row back = fenced out.
+-- Run by Leased.fail after the work failed (in a new transaction, or in the batch's after
+-- rolling back to the job's savepoint): fenced like the completion. Queued again after a
+-- backoff that doubles with each attempt (times 0.75..1.25 of jitter, capped), or dead at
+-- max_attempts. No row back = fenced out.
 -- name: fail_if_owner
-update jobs
+update jobqueue.jobs
    set status = case when attempts >= max_attempts then 'dead' else 'queued' end,
        locked_until = null,
        last_error = %(error)s,
        finished = case when attempts >= max_attempts then clock_timestamp() end,
-       run_after = case when %(backoff)s::float8 > 0 then clock_timestamp() + make_interval(
+       run_after = clock_timestamp() + case when %(backoff)s::float8 > 0 then make_interval(
          secs => least(%(backoff_cap)s::float8, %(backoff)s::float8 * power(2, attempts - 1))
-                 * (0.75 + random() * 0.5)) end
+                 * (0.75 + random() * 0.5)) else interval '0' end
  where id = %(id)s and attempts = %(attempt)s and status = 'running'
 returning status, attempts, run_after;
 
 -- Run by the heartbeat on its own connection: extends the leases of every job this worker
--- holds, each only for the attempt it claimed. The rows back are the leases still owned; a
--- job missing from them was lost (another attempt owns it, or it finished).
+-- holds, each only for the attempt it claimed. It never waits on a row lock (a batch's
+-- transaction may hold one until it commits; waiting there could deadlock): a locked row is
+-- skipped this beat and tried again soon. One row per job still owned, with its new lease (null:
+-- skipped, locked); a job missing from the rows was lost (another attempt owns it, or it ended).
 -- name: heartbeat_if_owner_many
-update jobs
-   set locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
-  from unnest(%(ids)s::bigint[], %(attempts)s::int[]) as held(id, attempt)
- where jobs.id = held.id and jobs.attempts = held.attempt and jobs.status = 'running'
-returning jobs.id, jobs.locked_until;
+with held as (
+  select * from unnest(%(ids)s::bigint[], %(attempts)s::int[]) as held(id, attempt)
+), owned as (
+  select jobs.id from jobqueue.jobs join held on held.id = jobs.id
+   where jobs.attempts = held.attempt and jobs.status = 'running'
+), free as (
+  select id from jobqueue.jobs where id in (select id from owned)
+   for no key update skip locked
+), extended as (
+  update jobqueue.jobs
+     set locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
+    from held
+   where jobs.id = held.id and jobs.attempts = held.attempt and jobs.status = 'running'
+     and jobs.id in (select id from free)
+  returning jobs.id, jobs.locked_until
+)
+select owned.id, extended.locked_until from owned left join extended using (id);
 
--- Run by the heartbeat for a single job: extends its lease only for the attempt it claimed.
+-- Run by Heartbeat users that extend one job: its lease, only for the attempt it claimed.
 -- name: heartbeat_if_owner
-update jobs
+update jobqueue.jobs
    set locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
  where id = %(id)s and attempts = %(attempt)s and status = 'running'
 returning locked_until;
 
--- Run by the reaper: jobs whose lease expired. Exhausted ones become dead; with requeue, the
--- others go back to queued. A live worker that merely overran its lease is fenced out by this
--- (see the reaper's docstring). Reads the jobs_running_lease index only.
+-- Run by the reaper: jobs whose lease expired more than `grace` seconds ago. Exhausted ones
+-- become dead; with requeue, the others go back to queued. A live worker that merely overran
+-- its lease is fenced out by this (see the reaper's docstring). Reads jobs_running_lease.
 -- name: reap_expired
-update jobs
+update jobqueue.jobs
    set status = case when attempts >= max_attempts then 'dead' else 'queued' end,
        locked_until = null,
+       run_after = clock_timestamp(),
        finished = case when attempts >= max_attempts then clock_timestamp() end,
        last_error = 'reaped: lease expired at attempt ' || attempts
- where id in (select id from jobs
+ where id in (select id from jobqueue.jobs
                where status = 'running'
                  and locked_until < clock_timestamp() - make_interval(secs => %(grace)s)
                  and (attempts >= max_attempts or %(requeue)s)
@@ -164,8 +182,8 @@ returning id, tenant_id, attempts, status;
 -- Run by prune: delete one batch of jobs finished (done or dead) more than `age` seconds ago,
 -- oldest first. Walks the primary key from the oldest job: a batch stops early.
 -- name: prune_jobs
-delete from jobs
- where id in (select id from jobs
+delete from jobqueue.jobs
+ where id in (select id from jobqueue.jobs
                where status in ('done', 'dead')
                  and coalesce(finished, created) < clock_timestamp() - make_interval(secs => %(age)s)
                order by id limit %(batch)s
@@ -174,43 +192,85 @@ returning id;
 
 -- Run by prune: delete one batch of job_runs rows started more than `age` seconds ago.
 -- name: prune_runs
-delete from job_runs
- where id in (select id from job_runs
+delete from jobqueue.job_runs
+ where id in (select id from jobqueue.job_runs
                where started < clock_timestamp() - make_interval(secs => %(age)s)
                order by id limit %(batch)s)
 returning id;
 
--- Run by jobqueue.counts (monitoring): how many jobs are in each state.
+-- For an operator's monitoring: how many jobs are in each state.
 -- name: job_counts
-select status, count(*) as jobs from jobs group by status order by status;
+select status, count(*) as jobs from jobqueue.jobs group by status order by status;
 
--- Run by apply_schema before schema.sql, in the same transaction: workers started together
--- on a fresh database set it up one at a time (the rest find it done).
--- name: schema_lock
-select pg_advisory_xact_lock(hashtext('jobqueue schema'));
+-- ---------------------------------------------------------------------------------------------
+-- Migrations (migrations.py): run by `migrate` as the role that owns the queue's tables.
+
+-- name: migrate_lock
+select pg_advisory_xact_lock(hashtext('jobqueue migrate'));
+
+-- name: migrations_bootstrap
+create schema if not exists jobqueue;
+create table if not exists jobqueue.migrations (
+  version int primary key,
+  name    text not null,
+  applied timestamptz not null default clock_timestamp()
+);
+
+-- The type of the tenant ids, as installed (no row: not installed yet).
+-- name: tenant_type_of
+select format_type(t.typbasetype, t.typtypmod)
+  from pg_type t join pg_namespace n on n.oid = t.typnamespace
+ where n.nspname = 'jobqueue' and t.typname = 'tenant_id' and t.typtype = 'd';
+
+-- name: migrations_applied
+select version from jobqueue.migrations order by version;
+
+-- name: migration_record
+insert into jobqueue.migrations (version, name) values (%(version)s, %(name)s);
+
+-- Run by check at a worker's start: is the schema there, and may this role use it.
+-- name: schema_state
+select exists (select from pg_class c join pg_namespace n on n.oid = c.relnamespace
+                where n.nspname = 'jobqueue' and c.relname = 'migrations') as installed,
+       (select has_schema_privilege(oid, 'usage') from pg_namespace
+         where nspname = 'jobqueue') as usage;
+
+-- name: schema_version
+select max(version) from jobqueue.migrations;
+
+-- What a worker needs and this role lacks (each privilege alone: has_table_privilege with a
+-- list is true when any of them is held).
+-- name: missing_grants
+select format('%%s on %%s', p.privilege, p.object)
+  from (values ('select', 'jobqueue.jobs'), ('update', 'jobqueue.jobs'),
+               ('insert', 'jobqueue.job_runs'), ('select', 'jobqueue.claimable'),
+               ('update', 'jobqueue.claimable'), ('select', 'jobqueue.migrations'))
+       as p(privilege, object)
+ where not has_table_privilege(p.object, p.privilege);
 
 -- ---------------------------------------------------------------------------------------------
 -- Fair claims (`--fair`): the same claim as claim_leased (attempt counted, lease set, the same
 -- columns back, so execute, the fence, the heartbeat and the reaper are unchanged), with
--- another choice of job. Each is one statement, committed before any work starts.
+-- another choice of job from the same view `claimable`. Each is one statement.
 
--- Run by Leased.claim with fair='round-robin': the oldest eligible job of the tenant served
+-- Run by Leased.claim with fair='round-robin': the first claimable job of the tenant served
 -- least recently (never served first), one job per tenant for a batch; the tenants' turns are
 -- moved in the same statement. Tenants with work are listed by a skip scan over
 -- jobs_claimable_by_tenant (one descent each: a tenant's backlog costs nothing), put in turn
--- order, then probed in that order for an unlocked eligible job until the batch is full: only
--- the jobs taken are locked. Guarantee: while a tenant has an eligible job, each other tenant
+-- order, then probed in that order for an unlocked claimable job until the batch is full: only
+-- the jobs taken are locked. Guarantee: while a tenant has a claimable job, each other tenant
 -- is served at most once before it, plus the claims already in flight (one per other worker).
 -- Not given: weights; two workers claiming at the same moment may serve the same tenant; a
 -- long job still holds its worker. Cost: one descent per tenant with work, per claim.
 -- name: claim_round_robin
 with recursive tenants as (
-  (select tenant_id from jobs
-    where status in ('queued', 'running')
+  (select tenant_id from jobqueue.jobs
+    where status in ('queued', 'running') and attempts < max_attempts
     order by tenant_id limit 1)
   union all
-  select (select j.tenant_id from jobs j
-           where j.status in ('queued', 'running') and j.tenant_id > tenants.tenant_id
+  select (select j.tenant_id from jobqueue.jobs j
+           where j.status in ('queued', 'running') and j.attempts < j.max_attempts
+             and j.tenant_id > tenants.tenant_id
            order by j.tenant_id limit 1)
     from tenants
    where tenants.tenant_id is not null
@@ -219,35 +279,31 @@ with recursive tenants as (
   -- for the tenants walked, never for all of them.
   select job.id, turn.tenant_id
     from (select tenants.tenant_id from tenants
-            left join tenant_turns using (tenant_id)
+            left join jobqueue.tenant_turns turns using (tenant_id)
            where tenants.tenant_id is not null
-           order by tenant_turns.last_served nulls first, tenants.tenant_id) as turn
+           order by turns.last_served nulls first, tenants.tenant_id) as turn
    cross join lateral (
-         select id from jobs
-          where jobs.tenant_id = turn.tenant_id
-            and status in ('queued', 'running')
-            and (status = 'queued' or locked_until < clock_timestamp())
-            and attempts < max_attempts
-            and (run_after is null or run_after <= clock_timestamp())
-          order by id limit 1
+         select c.id from jobqueue.claimable c
+          where c.tenant_id = turn.tenant_id and c.kind = any(%(kinds)s::text[])
+          order by c.claimable_at, c.id limit 1
           for update skip locked) as job
    limit %(batch)s
 ), moved as (
   -- Skip locked: a turn locked now is being moved by a claim that serves the same tenant at
   -- this moment. Waiting for it would line every worker up behind one busy tenant's turn.
-  update tenant_turns set last_served = clock_timestamp()
-   where tenant_id in (select tenant_id from tenant_turns
+  update jobqueue.tenant_turns set last_served = clock_timestamp()
+   where tenant_id in (select tenant_id from jobqueue.tenant_turns
                         where tenant_id in (select tenant_id from picked)
                         for no key update skip locked)
 ), first_turn as (
   -- Only tenants without a turn yet (in this snapshot): an existing turn is never waited on.
-  insert into tenant_turns (tenant_id, last_served)
+  insert into jobqueue.tenant_turns (tenant_id, last_served)
   select tenant_id, clock_timestamp() from picked
-   where not exists (select from tenant_turns t where t.tenant_id = picked.tenant_id)
+   where not exists (select from jobqueue.tenant_turns t where t.tenant_id = picked.tenant_id)
    order by tenant_id
   on conflict (tenant_id) do nothing
 )
-update jobs
+update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
  where id in (select id from picked)
@@ -258,21 +314,18 @@ returning id, tenant_id, attempts as attempt, kind, payload;
 -- lease does). The busy tenants come from jobs_running_lease (one row per running job).
 -- A soft limit: two claims at the same moment can both see N-1 and both take one (N+1), and a
 -- batch can take several jobs of a tenant below N. It helps only with more workers than N; the
--- walk passes the busy tenants' eligible jobs (the noisy backlog) before it finds another's.
+-- walk passes the busy tenants' claimable jobs (the noisy backlog) before it finds another's.
 -- name: claim_limit
-update jobs
+update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id in (select id from jobs
-               where status in ('queued', 'running')
-                 and (status = 'queued' or locked_until < clock_timestamp())
-                 and attempts < max_attempts
-                 and (run_after is null or run_after <= clock_timestamp())
-                 and tenant_id not in (select tenant_id from jobs
+ where id in (select id from jobqueue.claimable
+               where kind = any(%(kinds)s::text[])
+                 and tenant_id not in (select tenant_id from jobqueue.jobs
                                         where status = 'running'
                                           and locked_until >= clock_timestamp()
                                         group by tenant_id
                                        having count(*) >= %(limit)s)
-               order by id limit %(batch)s
+               order by claimable_at, id limit %(batch)s
                for update skip locked)
 returning id, tenant_id, attempts as attempt, kind, payload;
