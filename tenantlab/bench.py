@@ -7,8 +7,9 @@ next claim riding on the finish's commit), ``leased_heartbeat`` (the same, heart
 10 s), ``leased_batch`` (``--batch 10``), ``leased_batch_commit`` (``--batch 10
 --batch-commit``: one commit per batch), ``leased_run_one`` (claim, execute, finish: two
 commits per job) and ``leased_lossy_claim`` (its claim not flushed); then worker processes
-side by side (``workers_N``), the claim's cost on top of a history of finished jobs and behind
-jobs not yet due (scheduled for tomorrow, in backoff, exhausted and not yet reaped), the idle
+side by side (``workers_N``), the claim's cost on top of a history of finished jobs, behind
+jobs not yet due (scheduled for tomorrow, in backoff) and behind exhausted ones the reaper has
+not reached yet, the idle
 latency from enqueue to start (LISTEN/NOTIFY, and poll only), and with ``--peers``
 procrastinate and PgQueuer when installed (``pip install -e .[bench]``). Not a test: timings
 depend on the machine; read the ratios.
@@ -110,8 +111,8 @@ def claim_cost(s: db.Scratch, history: int, samples: int = 500, **not_due: int) 
             if n:
                 admin.execute(q(NOT_DUE[what]), {"n": n})
         admin.execute(q("horizon_vacuum_analyze_jobs"))
-    # The claim alone: no heartbeat thread sharing the machine with it.
-    leased = Leased(lease=30.0, heartbeat=None)
+    # The claim alone, of the kinds the bench runs: no heartbeat thread sharing the machine.
+    leased = Leased(kinds.handlers, lease=30.0, heartbeat=None)
     busy, empty = [], []
     with s.connect("worker", "bench claim", autocommit=True) as conn:
         queue.enqueue(conn, "noop", count=samples)
@@ -235,9 +236,13 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         say("history 0", before)
         hist = {str(history): claim_cost(s, history)}
         say(f"history {history:,}", hist[str(history)])
-        counts_not_due = {"scheduled": scheduled, "backoff": backoff, "exhausted": exhausted}
-        not_due = dict(counts_not_due, **claim_cost(s, 0, **counts_not_due))
+        counts = {"scheduled": scheduled, "backoff": backoff}
+        not_due = dict(counts, **claim_cost(s, 0, **counts))
         say("not yet due", not_due)
+        spent = {"exhausted": exhausted}
+        if exhausted:
+            spent.update(claim_cost(s, 0, exhausted=exhausted))
+            say("exhausted, unreaped", spent)
         after = claim_cost(s, 0)
         say("history 0 again", after)
         hist["0"] = {k: round((before[k] + after[k]) / 2, 3) for k in before}
@@ -252,14 +257,16 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         "settings": settings,
         "results": results,
         "history": hist,
-        # the claim with jobs not yet due in front of the ready ones (their counts, then ms);
-        # its baseline is history["0"]
+        # the claim with jobs in front of the ready ones that it must not take: not yet due
+        # (scheduled, in backoff), or exhausted and unreaped; their counts, then ms. The
+        # baseline of both is history["0"].
         "not_due": not_due,
+        "exhausted": spent,
         "idle_latency_ms": latency,
         "scaling": scaling,
         # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
         "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
-        "ratios": _ratios(jps, hist, history, not_due),
+        "ratios": _ratios(jps, hist, history, not_due, spent),
         # kept from the first bench (add, never rename)
         "repeats": rounds,
         "jobs_per_second": jps,
@@ -293,7 +300,7 @@ def compare(jobs: int = 400, rounds: int = 2) -> Any:
 
 
 def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int,
-            not_due: dict[str, Any]) -> dict[str, float]:
+            not_due: dict[str, Any], spent: dict[str, Any]) -> dict[str, float]:
     out = {
         "leased_cost_vs_single": jps["single"] / jps["leased"],
         "leased_heartbeat_vs_leased": jps["leased_heartbeat"] / jps["leased"],
@@ -306,6 +313,10 @@ def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int,
         "claim_empty_not_due_vs_0": (not_due["claim_ms_empty_queue"]
                                      / hist["0"]["claim_ms_empty_queue"]),
     }
+    if "claim_ms" in spent:
+        out["claim_exhausted_vs_0"] = spent["claim_ms"] / hist["0"]["claim_ms"]
+        out["claim_empty_exhausted_vs_0"] = (spent["claim_ms_empty_queue"]
+                                             / hist["0"]["claim_ms_empty_queue"])
     if "workers_4" in jps and "workers_1" in jps:
         out["workers_4_vs_1"] = jps["workers_4"] / jps["workers_1"]
     if "workers_8" in jps and "workers_4" in jps:
@@ -337,7 +348,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="jobs in backoff (due in 5 minutes) in front of them too (default 10,000)")
     p.add_argument("--exhausted", type=number(int, "exhausted", zero=True), default=1_000,
                    help="running jobs with their lease out and attempts spent, not yet reaped, "
-                        "in front of them too (default 1,000)")
+                        "in front of the ready ones, measured apart (default 1,000; 0: not)")
     p.add_argument("--workers", type=count("workers"), default=4,
                    help="worker processes at most for the scaling run (1, 2, 4, 8 up to W)")
     p.add_argument("--peers", action="store_true",
@@ -367,10 +378,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for h, v in r["history"].items():
         print(f"  claim with {int(h):>9,} finished jobs: {v['claim_ms']:.3f} ms "
               f"({v['claim_ms_empty_queue']:.3f} ms on an empty queue)")
-    nd = r["not_due"]
-    print(f"  claim with {nd['scheduled']:,} scheduled, {nd['backoff']:,} in backoff, "
-          f"{nd['exhausted']:,} exhausted in front: {nd['claim_ms']:.3f} ms "
-          f"({nd['claim_ms_empty_queue']:.3f} ms on an empty queue)")
+    nd, ex = r["not_due"], r["exhausted"]
+    print(f"  claim behind {nd['scheduled']:,} scheduled, {nd['backoff']:,} in backoff: "
+          f"{nd['claim_ms']:.3f} ms ({nd['claim_ms_empty_queue']:.3f} ms on an empty queue)")
+    if "claim_ms" in ex:
+        print(f"  claim behind {ex['exhausted']:,} exhausted, unreaped: {ex['claim_ms']:.3f} ms "
+              f"({ex['claim_ms_empty_queue']:.3f} ms on an empty queue)")
     for name, v in r["idle_latency_ms"].items():
         print(f"  idle latency {name:12} median {v['median']:.1f} ms, p95 {v['p95']:.1f} ms")
     for name, v in r["ratios"].items():
