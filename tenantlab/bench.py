@@ -7,7 +7,9 @@ next claim riding on the finish's commit), ``leased_heartbeat`` (the same, heart
 10 s), ``leased_batch`` (``--batch 10``), ``leased_batch_commit`` (``--batch 10
 --batch-commit``: one commit per batch), ``leased_run_one`` (claim, execute, finish: two
 commits per job) and ``leased_lossy_claim`` (its claim not flushed); then worker processes
-side by side (``workers_N``), the claim's cost on top of a history of finished jobs, the idle
+side by side (``workers_N``), the claim's cost on top of a history of finished jobs, behind
+jobs not yet due (scheduled for tomorrow, in backoff) and behind exhausted ones the reaper has
+not reached yet, the idle
 latency from enqueue to start (LISTEN/NOTIFY, and poll only), and with ``--peers``
 procrastinate and PgQueuer when installed (``pip install -e .[bench]``). Not a test: timings
 depend on the machine; read the ratios.
@@ -28,7 +30,7 @@ from typing import Any
 
 from . import db, kinds, queue
 from .jobqueue import Leased, Worker, WorkerOptions
-from .jobqueue.options import count
+from .jobqueue.options import count, number
 from .queries import q
 
 #: In process, on one connection: the naive design and the corrected one's run_one loop.
@@ -89,14 +91,28 @@ def drain(s: db.Scratch, name: str, jobs: int) -> dict[str, float]:
     return {"jobs_per_s": jobs / elapsed, "drift": drift}
 
 
-def claim_cost(s: db.Scratch, history: int, samples: int = 500) -> dict[str, float]:
-    """Return the claim's median ms with `history` finished jobs, on a queue and on none."""
+#: What may sit in front of the ready jobs (lower ids) without being claimable: the fill query
+#: of each.
+NOT_DUE = {"scheduled": "bench_fill_scheduled", "backoff": "bench_fill_backoff",
+           "exhausted": "bench_fill_exhausted"}
+
+
+def claim_cost(s: db.Scratch, history: int, samples: int = 500, **not_due: int) -> dict[str, float]:
+    """Return the claim's median ms with `history` finished jobs, on a queue and on none.
+
+    ``not_due``: so many jobs of each kind of `NOT_DUE` (scheduled for tomorrow, in backoff,
+    exhausted and unreaped) put in front of the ready ones: a claim must step over none of them.
+    """
     _reset(s)
     with s.connect("admin", "bench history", autocommit=True) as admin:
         if history:
             admin.execute(q("bench_fill_history"), {"n": history})
+        for what, n in not_due.items():
+            if n:
+                admin.execute(q(NOT_DUE[what]), {"n": n})
         admin.execute(q("horizon_vacuum_analyze_jobs"))
-    leased = Leased(lease=30.0)
+    # The claim alone, of the kinds the bench runs: no heartbeat thread sharing the machine.
+    leased = Leased(kinds.handlers, lease=30.0, heartbeat=None)
     busy, empty = [], []
     with s.connect("worker", "bench claim", autocommit=True) as conn:
         queue.enqueue(conn, "noop", count=samples)
@@ -181,7 +197,8 @@ def _rate(rates: list[float]) -> dict[str, Any]:
 
 
 def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int = 4,
-        peers: bool = False, progress: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
+        peers: bool = False, progress: Callable[[str, Any], None] | None = None,
+        scheduled: int = 100_000, backoff: int = 10_000, exhausted: int = 1_000) -> dict[str, Any]:
     """Measure everything once; return the JSON document ``tenantlab bench --json`` writes."""
     say = progress or (lambda name, value: None)
     drift: dict[str, Any] = {}
@@ -213,11 +230,19 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
                 say(f"workers_{w}", runs[f"workers_{w}"][-1])
         results = {name: _rate(v) for name, v in runs.items()}
         scaling = {str(w): results[f"workers_{w}"]["jobs_per_s"] for w in counts}
-        # The empty history before and after the full one: the baseline is their mean.
+        # The empty queue before and after the full history and the jobs not yet due: the
+        # baseline of both is their mean.
         before = claim_cost(s, 0)
         say("history 0", before)
         hist = {str(history): claim_cost(s, history)}
         say(f"history {history:,}", hist[str(history)])
+        counts = {"scheduled": scheduled, "backoff": backoff}
+        not_due = dict(counts, **claim_cost(s, 0, **counts))
+        say("not yet due", not_due)
+        spent = {"exhausted": exhausted}
+        if exhausted:
+            spent.update(claim_cost(s, 0, exhausted=exhausted))
+            say("exhausted, unreaped", spent)
         after = claim_cost(s, 0)
         say("history 0 again", after)
         hist["0"] = {k: round((before[k] + after[k]) / 2, 3) for k in before}
@@ -232,11 +257,16 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         "settings": settings,
         "results": results,
         "history": hist,
+        # the claim with jobs in front of the ready ones that it must not take: not yet due
+        # (scheduled, in backoff), or exhausted and unreaped; their counts, then ms. The
+        # baseline of both is history["0"].
+        "not_due": not_due,
+        "exhausted": spent,
         "idle_latency_ms": latency,
         "scaling": scaling,
         # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
         "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
-        "ratios": _ratios(jps, hist, history),
+        "ratios": _ratios(jps, hist, history, not_due, spent),
         # kept from the first bench (add, never rename)
         "repeats": rounds,
         "jobs_per_second": jps,
@@ -269,7 +299,8 @@ def compare(jobs: int = 400, rounds: int = 2) -> Any:
                          for n in names])
 
 
-def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int) -> dict[str, float]:
+def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int,
+            not_due: dict[str, Any], spent: dict[str, Any]) -> dict[str, float]:
     out = {
         "leased_cost_vs_single": jps["single"] / jps["leased"],
         "leased_heartbeat_vs_leased": jps["leased_heartbeat"] / jps["leased"],
@@ -278,7 +309,14 @@ def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int) -> dict[s
         "leased_vs_leased_run_one": jps["leased"] / jps["leased_run_one"],
         "claim_empty_at_history_vs_0": (hist[str(history)]["claim_ms_empty_queue"]
                                         / hist["0"]["claim_ms_empty_queue"]),
+        "claim_not_due_vs_0": not_due["claim_ms"] / hist["0"]["claim_ms"],
+        "claim_empty_not_due_vs_0": (not_due["claim_ms_empty_queue"]
+                                     / hist["0"]["claim_ms_empty_queue"]),
     }
+    if "claim_ms" in spent:
+        out["claim_exhausted_vs_0"] = spent["claim_ms"] / hist["0"]["claim_ms"]
+        out["claim_empty_exhausted_vs_0"] = (spent["claim_ms_empty_queue"]
+                                             / hist["0"]["claim_ms_empty_queue"])
     if "workers_4" in jps and "workers_1" in jps:
         out["workers_4_vs_1"] = jps["workers_4"] / jps["workers_1"]
     if "workers_8" in jps and "workers_4" in jps:
@@ -304,6 +342,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runs per design; medians are reported (default 3)")
     p.add_argument("--history", type=count("history"), default=100_000,
                    help="finished jobs under the claim for the history measurement (default 100,000)")
+    p.add_argument("--scheduled", type=number(int, "scheduled", zero=True), default=100_000,
+                   help="jobs scheduled for tomorrow in front of the ready ones (default 100,000)")
+    p.add_argument("--backoff", type=number(int, "backoff", zero=True), default=10_000,
+                   help="jobs in backoff (due in 5 minutes) in front of them too (default 10,000)")
+    p.add_argument("--exhausted", type=number(int, "exhausted", zero=True), default=1_000,
+                   help="running jobs with their lease out and attempts spent, not yet reaped, "
+                        "in front of the ready ones, measured apart (default 1,000; 0: not)")
     p.add_argument("--workers", type=count("workers"), default=4,
                    help="worker processes at most for the scaling run (1, 2, 4, 8 up to W)")
     p.add_argument("--peers", action="store_true",
@@ -323,7 +368,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         shown = f"{value:8.0f} jobs/s" if isinstance(value, float) else str(value)
         print(f"  {name:24} {shown}", file=sys.stderr, flush=True)
 
-    r = run(args.jobs, args.rounds, args.history, args.workers, args.peers, progress)
+    r = run(args.jobs, args.rounds, args.history, args.workers, args.peers, progress,
+            args.scheduled, args.backoff, args.exhausted)
     print(f"PostgreSQL {r['server_version']} (fsync {r['settings']['fsync']}, synchronous_commit "
           f"{r['settings']['synchronous_commit']}), {r['jobs']} no-op jobs, median of "
           f"{r['rounds']} rounds")
@@ -332,6 +378,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for h, v in r["history"].items():
         print(f"  claim with {int(h):>9,} finished jobs: {v['claim_ms']:.3f} ms "
               f"({v['claim_ms_empty_queue']:.3f} ms on an empty queue)")
+    nd, ex = r["not_due"], r["exhausted"]
+    print(f"  claim behind {nd['scheduled']:,} scheduled, {nd['backoff']:,} in backoff: "
+          f"{nd['claim_ms']:.3f} ms ({nd['claim_ms_empty_queue']:.3f} ms on an empty queue)")
+    if "claim_ms" in ex:
+        print(f"  claim behind {ex['exhausted']:,} exhausted, unreaped: {ex['claim_ms']:.3f} ms "
+              f"({ex['claim_ms_empty_queue']:.3f} ms on an empty queue)")
     for name, v in r["idle_latency_ms"].items():
         print(f"  idle latency {name:12} median {v['median']:.1f} ms, p95 {v['p95']:.1f} ms")
     for name, v in r["ratios"].items():

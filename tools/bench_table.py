@@ -36,6 +36,12 @@ TARGETS = [
      lambda v: v >= 1),
     ("claim_at_history_vs_0", "claim with the history at most 1.5x without", lambda v: v <= 1.5),
     ("claim_empty_at_history_vs_0", "the same on an empty queue", lambda v: v <= 1.5),
+    ("claim_not_due_vs_0", "claim behind jobs not yet due (scheduled, in backoff) at most 1.5x "
+     "without", lambda v: v <= 1.5),
+    ("claim_empty_not_due_vs_0", "the same on an empty queue", lambda v: v <= 1.5),
+    ("claim_exhausted_vs_0", "claim behind exhausted unreaped jobs at most 1.5x without",
+     lambda v: v <= 1.5),
+    ("claim_empty_exhausted_vs_0", "the same on an empty queue", lambda v: v <= 1.5),
     ("workers_4_vs_1", "4 workers at least 2.5x one", lambda v: v >= 2.5),
     ("workers_8_vs_4", "8 workers no slower than 4", lambda v: v >= 1),
 ]
@@ -59,6 +65,12 @@ def table(r: dict[str, Any]) -> str:
     for h, v in sorted(r["history"].items(), key=lambda kv: int(kv[0])):
         lines.append(f"| with {int(h):,} finished jobs (queue empty) | {v['claim_ms']:.3f} "
                      f"({v['claim_ms_empty_queue']:.3f}) |")
+    if nd := r.get("not_due"):
+        lines.append(f"| behind {nd['scheduled']:,} scheduled and {nd['backoff']:,} in backoff "
+                     f"(queue empty) | {nd['claim_ms']:.3f} ({nd['claim_ms_empty_queue']:.3f}) |")
+    if (ex := r.get("exhausted", {})) and "claim_ms" in ex:
+        lines.append(f"| behind {ex['exhausted']:,} exhausted, not yet reaped (queue empty) | "
+                     f"{ex['claim_ms']:.3f} ({ex['claim_ms_empty_queue']:.3f}) |")
     lat = r.get("idle_latency_ms", {})
     if lat:
         lines += ["", "| idle latency, enqueue to start | median ms | p95 ms |", "|---|---|---|"]

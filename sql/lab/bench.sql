@@ -11,6 +11,27 @@ select 1 + g %% 100, 'noop', 'done', 1, clock_timestamp() - interval '1 day',
        clock_timestamp() - interval '1 day'
 from generate_series(1, %(n)s::int) as g;
 
+-- Run by tenantlab.bench as admin: `n` jobs scheduled for tomorrow, not yet due; inserted
+-- before the ready jobs, so they sit in front of them in id order.
+-- name: bench_fill_scheduled
+insert into jobs (tenant_id, kind, status, run_after)
+select 1 + g %% 100, 'noop', 'queued', clock_timestamp() + interval '1 day'
+from generate_series(1, %(n)s::int) as g;
+
+-- Run by tenantlab.bench as admin: `n` jobs that failed once and wait out their backoff (due in
+-- a few minutes), in front of the ready jobs.
+-- name: bench_fill_backoff
+insert into jobs (tenant_id, kind, status, attempts, run_after, last_error)
+select 1 + g %% 100, 'noop', 'queued', 1, clock_timestamp() + interval '5 minutes', 'bench'
+from generate_series(1, %(n)s::int) as g;
+
+-- Run by tenantlab.bench as admin: `n` jobs whose last attempt's worker died, lease run out,
+-- attempts spent, not yet reaped: never claimable again, in front of the ready jobs.
+-- name: bench_fill_exhausted
+insert into jobs (tenant_id, kind, status, attempts, max_attempts, locked_until)
+select 1 + g %% 100, 'noop', 'running', 3, 3, clock_timestamp() - interval '1 minute'
+from generate_series(1, %(n)s::int) as g;
+
 -- Run by tenantlab.bench: a no-op round trip, the floor under every design.
 -- name: bench_select1
 select 1;
