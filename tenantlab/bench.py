@@ -2,15 +2,15 @@
 
 ``tenantlab bench`` (or ``make bench``), in scratch databases, one round after another:
 ``select1`` (the round-trip floor), ``single`` (the naive single transaction, its error
-handler on), ``leased`` (the production worker loop on one connection: durable claim, the
-next claim riding on the finish's commit), ``leased_heartbeat`` (the same, heartbeat every
-10 s), ``leased_batch`` (``--batch 10``), ``leased_batch_commit`` (``--batch 10
---batch-commit``: one commit per batch), ``leased_run_one`` (claim, execute, finish: two
-commits per job) and ``leased_lossy_claim`` (its claim not flushed); then worker processes
-side by side (``workers_N``), the claim's cost on top of a history of finished jobs, behind
-jobs not yet due (scheduled for tomorrow, in backoff) and behind exhausted ones the reaper has
-not reached yet, the idle
-latency from enqueue to start (LISTEN/NOTIFY, and poll only), and with ``--peers``
+handler on), ``leased`` (the production worker loop on one connection, its defaults: durable
+claim, the next claim riding on the finish's commit, the heartbeat on), ``leased_heartbeat``
+(the same, heartbeat every 10 s), ``leased_no_heartbeat`` (``--heartbeat 0``),
+``leased_batch`` (``--batch 10``), ``leased_batch_commit`` (``--batch 10 --batch-commit``:
+one commit per batch), ``leased_run_one`` (claim, execute, finish: two commits per job) and
+``leased_lossy_claim`` (its claim not flushed); then worker processes side by side
+(``workers_N``), the claim's cost on top of a history of finished jobs, behind jobs not yet
+due (scheduled for tomorrow, in backoff) and behind exhausted ones the reaper has not reached
+yet, the idle latency from enqueue to start (LISTEN/NOTIFY, and poll only), and with ``--peers``
 procrastinate and PgQueuer when installed (``pip install -e .[bench]``). Not a test: timings
 depend on the machine; read the ratios.
 """
@@ -44,6 +44,7 @@ DESIGNS: dict[str, Callable[[], Any]] = {
 LOOPS: dict[str, WorkerOptions] = {
     "leased": WorkerOptions(until_empty=True, listen=False),
     "leased_heartbeat": WorkerOptions(until_empty=True, listen=False, heartbeat=10.0),
+    "leased_no_heartbeat": WorkerOptions(until_empty=True, listen=False, heartbeat=0.0),
     "leased_batch": WorkerOptions(until_empty=True, listen=False, batch=10),
     "leased_batch_commit": WorkerOptions(until_empty=True, listen=False, batch=10,
                                          batch_commit=True),
@@ -304,6 +305,8 @@ def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int,
     out = {
         "leased_cost_vs_single": jps["single"] / jps["leased"],
         "leased_heartbeat_vs_leased": jps["leased_heartbeat"] / jps["leased"],
+        # What the default heartbeat costs: the worker with it against the worker without.
+        "leased_vs_no_heartbeat": jps["leased"] / jps["leased_no_heartbeat"],
         "leased_batch_vs_leased": jps["leased_batch"] / jps["leased"],
         "claim_at_history_vs_0": hist[str(history)]["claim_ms"] / hist["0"]["claim_ms"],
         "leased_vs_leased_run_one": jps["leased"] / jps["leased_run_one"],

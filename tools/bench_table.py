@@ -17,7 +17,9 @@ import readme_section
 ROWS = [
     ("select1", "round-trip floor: `select 1` on one connection"),
     ("single", "`single`: one transaction per job, error handler on"),
-    ("leased", "`leased`: the worker loop, durable claim, the next claim in the finish's commit"),
+    ("leased", "`leased`: the worker loop and its defaults (durable claim, the next claim in "
+               "the finish's commit, heartbeat on)"),
+    ("leased_no_heartbeat", "`leased_no_heartbeat`: the same, `--heartbeat 0`"),
     ("leased_run_one", "`leased_run_one`: the claim committed on its own, then the work"),
     ("leased_heartbeat", "`leased_heartbeat`: one heartbeat thread per worker"),
     ("leased_batch", "`leased_batch`: `--batch 10`"),
@@ -31,6 +33,8 @@ TARGETS = [
     ("leased_cost_vs_single", "`leased` costs at most 1.1x `single` per job", lambda v: v <= 1.1),
     ("leased_vs_procrastinate", "`leased` at least 2x procrastinate", lambda v: v >= 2),
     ("leased_heartbeat_vs_leased", "heartbeat on: at least 0.9x `leased`", lambda v: v >= 0.9),
+    ("leased_vs_no_heartbeat", "the default heartbeat: `leased` at least 0.9x without it",
+     lambda v: v >= 0.9),
     ("leased_batch_vs_pgqueuer", "`leased_batch` at least PgQueuer", lambda v: v >= 1),
     ("leased_batch_commit_vs_pgqueuer", "`leased_batch_commit` at least PgQueuer",
      lambda v: v >= 1),

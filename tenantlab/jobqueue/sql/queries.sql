@@ -23,15 +23,18 @@ listen jobqueue;
 -- Run by Leased.claim as a statement of its own, committed (durably) before any work starts:
 -- the first claimable jobs of the worker's kinds, each attempt counted and its lease set in the
 -- same statement. A crash from here on cannot undo the count. Reads the jobs_claimable index
--- through the view `claimable`, the one definition of what may be claimed.
+-- through the view `claimable`, the one definition of what may be claimed. `id = any(array(
+-- ...))` runs the choice once, first, and the update by primary key: a plan that stays the same
+-- whatever the table's estimates (with `id in (...)` the planner, misled by exhausted rows it
+-- cannot tell apart, re-planned every claim at several times the cost).
 -- name: claim_leased
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id in (select id from jobqueue.claimable
-               where kind = any(%(kinds)s::text[])
-               order by claimable_at, id limit %(batch)s
-               for update skip locked)
+ where id = any(array(select id from jobqueue.claimable
+                       where kind = any(%(kinds)s::text[])
+                       order by claimable_at, id limit %(batch)s
+                       for update skip locked))
 returning id, tenant_id, attempts as attempt, kind, payload;
 
 -- Run by Leased.claim with lossy_claim=True, only for a claim that is a transaction of its own:
@@ -43,10 +46,10 @@ update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
   from (select set_config('synchronous_commit', 'off', true)) as lossy
- where id in (select id from jobqueue.claimable
-               where kind = any(%(kinds)s::text[])
-               order by claimable_at, id limit %(batch)s
-               for update skip locked)
+ where id = any(array(select id from jobqueue.claimable
+                       where kind = any(%(kinds)s::text[])
+                       order by claimable_at, id limit %(batch)s
+                       for update skip locked))
 returning id, tenant_id, attempts as attempt, kind, payload;
 
 -- Run by Leased.execute as the first statement of the work's transaction: the tenant in its
@@ -319,13 +322,13 @@ returning id, tenant_id, attempts as attempt, kind, payload;
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id in (select id from jobqueue.claimable
-               where kind = any(%(kinds)s::text[])
-                 and tenant_id not in (select tenant_id from jobqueue.jobs
-                                        where status = 'running'
-                                          and locked_until >= clock_timestamp()
-                                        group by tenant_id
-                                       having count(*) >= %(limit)s)
-               order by claimable_at, id limit %(batch)s
-               for update skip locked)
+ where id = any(array(select id from jobqueue.claimable
+                       where kind = any(%(kinds)s::text[])
+                         and tenant_id not in (select tenant_id from jobqueue.jobs
+                                                where status = 'running'
+                                                  and locked_until >= clock_timestamp()
+                                                group by tenant_id
+                                               having count(*) >= %(limit)s)
+                       order by claimable_at, id limit %(batch)s
+                       for update skip locked))
 returning id, tenant_id, attempts as attempt, kind, payload;
