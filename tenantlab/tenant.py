@@ -34,12 +34,15 @@ Reset = Callable[[psycopg.Connection], None]
 
 
 def set_tenant(conn: psycopg.Connection, tenant: int, *, local: bool = True) -> None:
-    """Make `tenant` the connection's tenant context: for this transaction (local) or session."""
+    """Make `tenant` the connection's tenant context: for this transaction (local) or session.
+
+    The lab's tenants are ints (its invoices' key); the production worker takes any type.
+    """
+    if isinstance(tenant, bool) or not isinstance(tenant, int):
+        raise TenantContextError(f"tenant must be an int, not {tenant!r}")
     if local:
         set_tenant_local(conn, tenant)  # the corrected worker's own form
         return
-    if isinstance(tenant, bool) or not isinstance(tenant, int):
-        raise TenantContextError(f"tenant must be an int, not {tenant!r}")
     conn.execute(q("tenant_set_session"), {"tenant": str(tenant)})
 
 
