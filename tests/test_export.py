@@ -152,7 +152,7 @@ def test_force_writes_into_a_foreign_directory_and_deletes_nothing(tmp_path: Pat
 # --- the exported copy, alone, on a fresh database ---------------------------------------------
 
 @pytest.fixture
-def fresh_db(admin_dsn: str) -> Iterator[str]:
+def bare_db(admin_dsn: str) -> Iterator[str]:
     """A database with nothing in it (not the template), dropped afterwards."""
     name = f"tenantlab_export_{os.getpid()}_1"
     with db.connect(admin_dsn, "test export", autocommit=True) as admin:
@@ -166,7 +166,7 @@ def fresh_db(admin_dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def enqueuer(admin_dsn: str, fresh_db: str) -> Iterator[str]:
+def enqueuer(admin_dsn: str, bare_db: str) -> Iterator[str]:
     """A login role for the application that enqueues; its DSN on the fresh database."""
     role, password = f"tenantlab_export_app_{os.getpid()}", "enqueues-only"
     with db.connect(admin_dsn, "test export", autocommit=True) as admin:
@@ -174,10 +174,10 @@ def enqueuer(admin_dsn: str, fresh_db: str) -> Iterator[str]:
         admin.execute(sql.SQL("create role {} login password {}")
                       .format(sql.Identifier(role), sql.Literal(password)))
     try:
-        yield make_conninfo(db.with_db(admin_dsn, fresh_db), user=role, password=password)
+        yield make_conninfo(db.with_db(admin_dsn, bare_db), user=role, password=password)
     finally:
         # Its grants live in the fresh database: revoke them there, then drop the role.
-        with db.connect(db.with_db(admin_dsn, fresh_db), "test export", autocommit=True) as c:
+        with db.connect(db.with_db(admin_dsn, bare_db), "test export", autocommit=True) as c:
             c.execute("select pg_terminate_backend(pid) from pg_stat_activity "
                       "where usename = %s", (role,))
             c.execute(sql.SQL("drop owned by {}").format(sql.Identifier(role)))
@@ -187,7 +187,7 @@ def enqueuer(admin_dsn: str, fresh_db: str) -> Iterator[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tenant_type", ["bigint", "uuid"])
-def test_the_exported_worker_runs_jobs_alone(tmp_path: Path, admin_dsn: str, fresh_db: str,
+def test_the_exported_worker_runs_jobs_alone(tmp_path: Path, admin_dsn: str, bare_db: str,
                                              enqueuer: str, tenant_type: str) -> None:
     out = tmp_path / "vendor"
     r = export_worker(out, "--name", "shop")
@@ -202,7 +202,7 @@ def test_the_exported_worker_runs_jobs_alone(tmp_path: Path, admin_dsn: str, fre
     assert "python -m shop migrate" in readme and "python -m shop reap" in readme
     (out / "shop_jobs.py").write_text(HANDLERS)
 
-    owner = db.with_db(admin_dsn, fresh_db)
+    owner = db.with_db(admin_dsn, bare_db)
     worker = make_conninfo(owner, user=db.WORKER, password=db.worker_password(admin_dsn))
     r = run_alone(out, "shop", "migrate", "--tenant-type", tenant_type, "--dsn", owner)
     assert r.returncode == 0, r.stderr
@@ -236,7 +236,7 @@ def test_the_exported_worker_runs_jobs_alone(tmp_path: Path, admin_dsn: str, fre
         runs = c.execute("select count(*) from jobqueue.job_runs where worker = 'exported'"
                          ).fetchone()[0]
         left = c.execute("select count(*) from pg_stat_activity where datname = %s "
-                         "and pid <> pg_backend_pid()", (fresh_db,)).fetchone()[0]
+                         "and pid <> pg_backend_pid()", (bare_db,)).fetchone()[0]
     assert [tuple(j) for j in jobs[:3]] == [(i, "done", 1) for i in ids[:3]]
     assert stamps == [(ids[i], tenants[i], f"n{i}") for i in range(3)]
     # A kind this worker has no handler for is not claimed: still queued, no attempt spent.
