@@ -237,10 +237,10 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         say("history 0", before)
         hist = {str(history): claim_cost(s, history)}
         say(f"history {history:,}", hist[str(history)])
-        counts = {"scheduled": scheduled, "backoff": backoff}
-        not_due = dict(counts, **claim_cost(s, 0, **counts))
+        waiting = {"scheduled": scheduled, "backoff": backoff}
+        not_due: dict[str, Any] = dict(waiting, **claim_cost(s, 0, **waiting))
         say("not yet due", not_due)
-        spent = {"exhausted": exhausted}
+        spent: dict[str, Any] = {"exhausted": exhausted}
         if exhausted:
             spent.update(claim_cost(s, 0, exhausted=exhausted))
             say("exhausted, unreaped", spent)
