@@ -7,7 +7,6 @@ is a failure here, not a hang. Only a server that was reachable and went away is
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import socket
@@ -15,12 +14,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tenantlab import db
@@ -30,7 +27,6 @@ from tenantlab.netproxy import Proxy
 PROG = [sys.executable, "-m", "tenantlab.jobqueue"]
 EXIT_CONFIG = 2
 WAIT = 30.0  # far longer than a refusal takes; a command still running then retries for ever
-_counter = itertools.count(1)
 
 # Handler modules, importable from the child's working directory.
 MODULES = {
@@ -107,37 +103,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def empty_db(admin_dsn: str) -> Iterator[str]:
-    """A database with nothing in it (no migrations applied), dropped afterwards."""
-    name = f"tenantlab_cli_empty_{os.getpid()}_{next(_counter)}"
-    with db.connect(admin_dsn, "test cli", autocommit=True) as admin:
-        admin.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
-    try:
-        yield name
-    finally:
-        with db.connect(admin_dsn, "test cli", autocommit=True) as admin:
-            admin.execute(sql.SQL("drop database if exists {} with (force)")
-                          .format(sql.Identifier(name)))
-
-
-@pytest.fixture
-def stranger(admin_dsn: str) -> Iterator[tuple[str, str]]:
-    """A throwaway login role with no grants at all: (role, password), dropped afterwards."""
-    role, password = f"tenantlab_cli_stranger_{os.getpid()}", "not-granted-anything"
-    with db.connect(admin_dsn, "test cli", autocommit=True) as admin:
-        admin.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(role)))
-        admin.execute(sql.SQL("create role {} login password {}")
-                      .format(sql.Identifier(role), sql.Literal(password)))
-    try:
-        yield role, password
-    finally:
-        with db.connect(admin_dsn, "test cli", autocommit=True) as admin:
-            admin.execute("select pg_terminate_backend(pid) from pg_stat_activity "
-                          "where usename = %s", (role,))
-            admin.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(role)))
-
-
 # --- the connection: DSN, login, database, server --------------------------------------------
 
 @pytest.mark.parametrize("command", list(COMMAND_ARGS))
@@ -177,25 +142,21 @@ def test_an_unknown_host_is_a_configuration_error(home: Path, admin_dsn: str) ->
 
 @pytest.mark.parametrize("command", ["worker", "reap", "prune"])
 def test_a_database_without_the_migrations_is_a_configuration_error(
-        home: Path, admin_dsn: str, empty_db: str, command: str) -> None:
-    dsn = make_conninfo(admin_dsn, dbname=empty_db, user=db.WORKER,
-                        password=db.worker_password(admin_dsn))
-    refused(run(home, *COMMAND_ARGS[command], dsn=dsn), "migrate")
+        home: Path, fresh_db: dict[str, str], command: str) -> None:
+    refused(run(home, *COMMAND_ARGS[command], dsn=fresh_db["worker"]), "migrate")
 
 
 @pytest.mark.parametrize("command", ["worker", "reap", "prune"])
 def test_a_role_without_grants_is_a_configuration_error(
-        home: Path, scratch: db.Scratch, stranger: tuple[str, str], command: str) -> None:
-    role, password = stranger
-    dsn = make_conninfo(scratch.admin, user=role, password=password)
-    refused(run(home, *COMMAND_ARGS[command], dsn=dsn), role)
+        home: Path, scratch: db.Scratch, fresh_db: dict[str, str], command: str) -> None:
+    # fresh_db's worker role has no grants anywhere: here, in a migrated lab database.
+    dsn = make_conninfo(fresh_db["worker"], dbname=scratch.name)
+    refused(run(home, *COMMAND_ARGS[command], dsn=dsn), fresh_db["worker_role"])
 
 
 def test_migrate_as_a_role_that_may_not_create_the_schema_is_a_configuration_error(
-        home: Path, admin_dsn: str, empty_db: str, stranger: tuple[str, str]) -> None:
-    role, password = stranger
-    dsn = make_conninfo(admin_dsn, dbname=empty_db, user=role, password=password)
-    refused(run(home, "migrate", dsn=dsn), role, "owner")
+        home: Path, fresh_db: dict[str, str]) -> None:
+    refused(run(home, "migrate", dsn=fresh_db["worker"]), fresh_db["worker_role"], "owner")
 
 
 # --- the handlers -------------------------------------------------------------------------------
@@ -304,8 +265,8 @@ def test_a_worker_with_a_good_configuration_starts(home: Path, scratch: db.Scrat
 
 
 def test_migrate_applies_then_is_up_to_date_and_schema_is_its_alias(
-        home: Path, admin_dsn: str, empty_db: str) -> None:
-    owner = db.with_db(admin_dsn, empty_db)
+        home: Path, fresh_db: dict[str, str]) -> None:
+    owner = fresh_db["admin"]
     first = run(home, "migrate", "--tenant-type", "uuid", dsn=owner)
     assert first.returncode == 0, first.stderr
     assert "0001" in first.stdout, first.stdout

@@ -34,7 +34,7 @@ from .handlers import Handlers
 from .handlers import handlers as default_handlers
 from .jobs import ConfigError, JobQueueError
 from .options import WorkerOptions, add_flags, count, from_args, seconds
-from .preflight import connect_checked, one_line, preflight
+from .preflight import connect, connect_checked, one_line, preflight
 from .reaper import Reaper, ReaperConfig, prune
 
 PROG = f"python -m {__package__}"
@@ -119,11 +119,8 @@ def parser() -> argparse.ArgumentParser:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     options = from_args(WorkerOptions, args)
-    handlers = load_handlers(args.handlers)
-    if not handlers:
-        raise ConfigError("no handlers registered: pass --handlers MODULE, a module that "
-                          "registers its functions with @handlers.register(KIND)")
-    worker = w.Worker(args.dsn, options, handlers)  # its run() starts with the preflight
+    # Its run() refuses to start without handlers, then runs the preflight.
+    worker = w.Worker(args.dsn, options, load_handlers(args.handlers))
     w.stop_on_signals(worker)
     worker.run()
     return w.EXIT_STOPPED
@@ -147,7 +144,7 @@ def cmd_reap(args: argparse.Namespace, events: Any = None) -> int:
                           interval=args.loop or ReaperConfig.interval)
     preflight(args.dsn, "reaper")
     if args.loop is None:
-        with w.connect(args.dsn, "reaper") as conn:
+        with connect(args.dsn, "reaper") as conn:
             reaped = Reaper(conn, config).run_once()
         for job in reaped:
             print(f"job {job['id']}: {job['status']} (attempts {job['attempts']})")
@@ -175,7 +172,7 @@ def run_reaper(dsn: str, config: ReaperConfig, *, max_outage: float | None = Non
     total = 0
     while not flag.stopped:
         try:
-            with w.connect(dsn, "reaper") as conn:
+            with connect(dsn, "reaper") as conn:
                 outage.ok()
                 total += Reaper(conn, config, events).run_forever(stop=lambda: flag.stopped)
         except w.LOST as e:
@@ -185,7 +182,7 @@ def run_reaper(dsn: str, config: ReaperConfig, *, max_outage: float | None = Non
 
 def cmd_prune(args: argparse.Namespace) -> int:
     preflight(args.dsn, "prune")
-    with w.connect(args.dsn, "prune") as conn:
+    with connect(args.dsn, "prune") as conn:
         gone = prune(conn, args.older_than, batch=args.batch)
     print(f"pruned {gone['jobs']} jobs and {gone['job_runs']} job_runs rows")
     return 0

@@ -245,7 +245,7 @@ class Leased:
                 cur.execute(*self.claim_query(claim_next, chained=True))
         row = done.fetchone()
         finished = bool(row and row[0])
-        if finished and row is not None and len(row) > 1:
+        if finished and row is not None:
             claim.run_id = row[1]
         if not (finished and chain):
             return finished, []
@@ -357,7 +357,7 @@ class Leased:
                             cur = conn.execute(*self.start_query(nxt))
                     if not (row := done.fetchone()) or not row[0]:
                         raise LeaseLost(f"job {c.id} lease lost at attempt {c.attempt}")
-                    c.run_id = row[1] if len(row) > 1 else None
+                    c.run_id = row[1]
                     if nxt is not None:
                         started[i + 1] = self._started(nxt, cur.fetchone())
                     results.append((c, Outcome(c, "done", result=result)))

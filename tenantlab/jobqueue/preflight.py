@@ -76,9 +76,14 @@ def connect_checked(dsn: str, name: str) -> psycopg.Connection:
             time.sleep(random.uniform(0, min(5.0, 0.1 * 2 ** waited)))
 
 
+def connect(dsn: str, name: str) -> psycopg.Connection:
+    """Open an autocommit worker connection, tagged and with TCP keepalives."""
+    return psycopg.connect(dsn, autocommit=True, application_name=f"{APP} {name}", **CONNECT)
+
+
 def _connect(dsn: str, name: str) -> psycopg.Connection:
     try:
-        return psycopg.connect(dsn, autocommit=True, application_name=f"{APP} {name}", **CONNECT)
+        return connect(dsn, name)
     except psycopg.ProgrammingError as e:
         # Raised by conninfo parsing, before any network: the DSN itself is malformed.
         raise ConfigError(f"the DSN is not a valid connection string ({one_line(e)}): write "

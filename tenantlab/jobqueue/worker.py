@@ -30,10 +30,10 @@ from typing import Any, Protocol
 import psycopg
 
 from .handlers import Handlers
-from .jobs import CONNECT, Claim, ConfigError, Events, JobQueueError, NullEvents, Outcome, error_text
+from .jobs import Claim, ConfigError, Events, JobQueueError, NullEvents, Outcome, error_text
 from .leased import Leased, broken
 from .options import WorkerOptions
-from .preflight import preflight
+from .preflight import connect, preflight
 from .queries import q
 
 APP = (__package__ or "jobqueue").split(".")[0]
@@ -88,11 +88,6 @@ class Outage:
             self.since = None
 
 
-def connect(dsn: str, name: str) -> psycopg.Connection:
-    """Open an autocommit worker connection, tagged and with TCP keepalives."""
-    return psycopg.connect(dsn, autocommit=True, application_name=f"{APP} {name}", **CONNECT)
-
-
 class Worker:
     """Claim and run jobs in a loop; stop between jobs when asked; reconnect when cut off."""
 
@@ -126,8 +121,8 @@ class Worker:
         missing or behind; a grant missing).
         """
         if isinstance(self.queue, Leased) and not self.queue.handlers:
-            raise ConfigError("no handlers registered: a worker without handlers can run no "
-                              "job (register them, or point --handlers at their module)")
+            raise ConfigError("no handlers registered: pass --handlers MODULE, a module that "
+                              "registers its functions with @handlers.register(KIND)")
         # Never reached, or reached and wrong (login, database, schema, grants): a
         # configuration error now, not an outage to wait out for ever.
         preflight(self.dsn, self.name)
