@@ -29,7 +29,7 @@ PRESENT = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]-*.ipynb"))
 # A notebook at workshop size runs in about a minute; 07 took over four when other sessions on a
 # shared server kept disturbing its horizon runs (it retries them): the margin for a busy box.
 RUN_TIMEOUT = 420
-# Notebooks whose verdict box must show ✓ (07's is judged on time: a shared machine may disturb it).
+# Notebooks whose verdict boxes' behavioural checks must all be ✓ (timing checks are not required).
 VERDICT_BOX = {"01", "02", "03", "04", "05", "06", "08", "09", "10", "12"}
 
 
@@ -115,8 +115,13 @@ def run_and_check(page: object, lab: browser.Lab, offline: browser.Offline, name
     verdicts = page.locator(".tenantlab-verdict")
     if name[:2] in VERDICT_BOX:
         assert verdicts.count() >= 1, f"{name} shows no verdict box"
-        heads = verdicts.all_inner_texts()
-        assert all("✓" in h.splitlines()[0] for h in heads), f"{name}: {heads}"
+        # Every check that does not read times must hold; a timing check (a ratio of durations)
+        # may be moved by a shared machine running Chromium beside the kernel, and shows so.
+        rows = page.locator(".tenantlab-verdict tr.tenantlab-check[data-timing='0']")
+        failed = [t for t, ok in zip(rows.all_inner_texts(),
+                                     [r.get_attribute("data-ok") for r in rows.all()],
+                                     strict=True) if ok != "1"]
+        assert rows.count() >= 1 and not failed, f"{name}: {failed}"
     # Nothing may be fetched from the internet: JupyterLab's own requests in this setup all go
     # to the lab (none were seen), so there is no exception to allow.
     blocked = offline.blocked[first_blocked:]

@@ -48,7 +48,8 @@ def test_verdict_renders_once_from_named_checks() -> None:
     assert ok.valid and ok.line() == "✓ as the article says: ✓ rows: 0"
     assert not bad.valid and bad.headline() == "✗ NOT as the expectation says (attempts)"
     assert "✗" in bad._repr_html_() and "<table" in bad._repr_html_()
-    assert bad.to_json()["checks"]["attempts"] == {"ok": False, "expected": "3", "measured": "0"}
+    assert bad.to_json()["checks"]["attempts"] == {"ok": False, "expected": "3", "measured": "0",
+                                                   "timing": False}
     assert list(bad.table().columns) == ["check", "expected", "measured here", ""]
     assert not finding.Verdict.of([]).valid  # nothing measured is not a pass
 
