@@ -169,7 +169,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(f"tenantlab reproduce: unknown finding {', '.join(unknown)}; valid ids: {valid}",
               file=sys.stderr)
         return 2
-    result = reproduce.run(args.ids, full=args.full)
+    result = reproduce.run(args.ids, full=True if args.full else None, repeat=args.repeat)
     print(f"PostgreSQL {result['server_version']}")
     print(reproduce.table(result))
     if args.json:
@@ -181,6 +181,17 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         report.write(result, args.report)
         print(f"wrote {args.report}", file=sys.stderr)
     return 0
+
+
+def _repeat(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= reproduce.MAX_REPEAT:
+        raise argparse.ArgumentTypeError(
+            f"repeat must be a whole number from 1 to {reproduce.MAX_REPEAT}, not {text!r}")
+    return value
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
@@ -235,7 +246,11 @@ def parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("reproduce", help="regenerate the article's findings on this server")
     rep.add_argument("ids", nargs="*", metavar="ID",
                      help=f"finding ids (default: all): {', '.join(REGISTRY)}")
-    rep.add_argument("--full", action="store_true", help="the article's sizes (slower)")
+    rep.add_argument("--full", action="store_true",
+                     help="the article's sizes (slower; default: TENANTLAB_SIZE, else workshop)")
+    rep.add_argument("--repeat", type=_repeat, default=1, metavar="N",
+                     help="run every finding N times: reproduced k of N, numbers as ranges "
+                          f"(1 to {reproduce.MAX_REPEAT}; default 1)")
     rep.add_argument("--json", metavar="FILE", help="write the results as JSON")
     rep.add_argument("--report", metavar="FILE",
                      help="write one HTML page with claims, measurements, verdicts and charts")

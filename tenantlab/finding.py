@@ -69,8 +69,18 @@ class Knobs:
         return dataclasses.replace(base, **overrides)
 
     def is_article_setup(self) -> bool:
-        """Return True when every knob is at its workshop or article value."""
-        return self in (type(self)(), type(self).full())
+        """Return True when every knob is at its workshop or article value.
+
+        Always False for a finding the article never ran (``ARTICLE_SETUP = False``): its
+        verdict is judged against the kit's expectation, whatever the knobs.
+        """
+        return self.ARTICLE_SETUP and self in (type(self)(), type(self).full())
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> Self:
+        """Return knobs from their ``as_dict()`` read back from JSON (lists become tuples)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: _tuples(v) for k, v in values.items() if k in names})
 
     def controls(self) -> list[dict[str, Any]]:
         """Return, per knob with a control, its name, value, label, and range or choices."""
@@ -201,6 +211,10 @@ class Result:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(self.verdict.line())
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def plain(value: Any) -> Any:

@@ -28,7 +28,10 @@ def test_every_finding_keeps_the_contract(fid: str) -> None:
     assert not hasattr(mod, "reproduce"), "reproduce goes through the registry"
     assert (ROOT / "notebooks" / entry.notebook).exists()
     # Knobs: the workshop defaults and the article's sizes are both valid knob sets.
-    assert isinstance(mod.Knobs.full(), mod.Knobs) and mod.Knobs().is_article_setup()
+    assert isinstance(mod.Knobs.full(), mod.Knobs)
+    # ... and the article's setup exactly when the article ran this finding (ARTICLE_SETUP).
+    assert mod.Knobs().is_article_setup() == mod.Knobs.ARTICLE_SETUP
+    assert mod.Knobs.from_json(finding.plain(mod.Knobs.full().as_dict())) == mod.Knobs.full()
 
 
 def test_unknown_finding_names_the_valid_ones() -> None:
