@@ -50,7 +50,7 @@ pre {{ background: #f6f6f6; padding: .5rem; overflow-x: auto; font-size: .8rem; 
 table {{ border-collapse: collapse; }} td, th {{ padding: .2rem .6rem; text-align: left; }}
 </style></head><body>
 <h1>tenantlab: the article's findings, reproduced</h1>
-<p>PostgreSQL {server}; Python {python}; {packages}. Size: {size}.</p>
+<p>PostgreSQL {server}; Python {python}; {packages}. Size: {size}. {repeat}</p>
 <table><tr><th>finding</th><th>verdict</th><th>seconds</th></tr>{rows}</table>
 {sections}
 </body></html>
@@ -64,18 +64,27 @@ def _checks(verdict: dict[str, Any] | None) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(name)}</td><td>{html.escape(c['expected'])}</td>"
         f"<td>{html.escape(c['measured'])}</td>"
-        f"<td class=\"{'yes' if c['ok'] else 'no'}\">{'✓' if c['ok'] else '✗'}</td></tr>"
+        f"<td class=\"{'yes' if c['ok'] else 'no'}\">{'✓' if c['ok'] else '✗'}"
+        f"{_tally(c)}{' (timing)' if c.get('timing') else ''}</td></tr>"
         for name, c in verdict["checks"].items())
     return (f"<table class=\"checks\"><tr><th>check</th><th>{html.escape(verdict['against'])}</th>"
             f"<th>measured here</th><th></th></tr>{rows}</table>")
+
+
+def _tally(item: dict[str, Any]) -> str:
+    """Return " k of N" for a check or finding judged over several runs ("" for one run)."""
+    runs = item.get("runs", 1)
+    ok = item.get("ok_runs", item.get("reproduced_runs"))
+    return f" {ok} of {runs}" if runs > 1 and ok is not None else ""
 
 
 def write(result: dict[str, Any], path: str | Path) -> None:
     """Write the report page for a `reproduce.run` result."""
     rows, sections = [], []
     for finding, f in result["findings"].items():
-        mark = '<span class="yes">✓ reproduced</span>' if f["reproduced"] else \
-            '<span class="no">✗ not reproduced</span>'
+        mark = (f'<span class="yes">✓ reproduced{_tally(f)}</span>' if f["reproduced"] else
+                f'<span class="no">✗ not reproduced'
+                f'{f" (reproduced{_tally(f)})" if _tally(f) else ""}</span>')
         rows.append(f'<tr><td><a href="#{finding}">{finding}</a></td><td>{mark}</td>'
                     f'<td>{f["seconds"]}</td></tr>')
         sections.append(
@@ -93,4 +102,6 @@ def write(result: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(PAGE.format(
         server=html.escape(result["server_version"]), python=result.get("python", ""),
         packages=html.escape(packages), size="full" if result.get("full") else "workshop",
+        repeat=(f"Every finding ran {result['repeat']} times; a number in a measured text is "
+                "the range over the runs." if result.get("repeat", 1) > 1 else ""),
         rows="".join(rows), sections="".join(sections)))
