@@ -21,24 +21,39 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 import pandas as pd
 
+from .errors import TenantlabError
+
 OK, NOT_OK = "✓", "✗"
 
 
+class KnobError(TenantlabError, ValueError, TypeError):
+    """A knob value a finding cannot run with: the one error every finding's knobs raise."""
+
+
 def knob(default: Any, *, full: Any = None, lo: float | None = None, hi: float | None = None,
-         step: float | None = None, label: str = "", choices: tuple[Any, ...] = ()) -> Any:
+         step: float | None = None, label: str = "", choices: tuple[Any, ...] = (),
+         at_least: float | None = 0, at_most: float | None = None,
+         one_of: tuple[Any, ...] = ()) -> Any:
     """Return a dataclass field for a knob: its workshop default, article size, and slider range.
 
     ``lo``/``hi``/``step`` make a slider (ints for an int default); ``choices`` a dropdown; a
     bool default a checkbox; a knob with neither range nor choices gets no control.
+
+    What a value may be (checked when the knobs are made, :class:`KnobError` otherwise): of the
+    default's type (an int where an int is, a finite number where a float is), from
+    ``at_least`` (default 0; None: no bound) to ``at_most``, and one of ``one_of`` or of
+    ``choices`` (for a tuple: each of its items).
     """
     meta = {"full": default if full is None else full, "lo": lo, "hi": hi, "step": step,
-            "label": label, "choices": choices}
+            "label": label, "choices": choices, "at_least": at_least, "at_most": at_most,
+            "one_of": one_of or choices}
     if isinstance(default, list | dict | set):
         raise TypeError("a knob's default must be immutable (use a tuple)")
     return field(default=default, metadata={"knob": meta})
@@ -50,6 +65,11 @@ class Knobs:
 
     #: True when the values are the article's own setup (a verdict then speaks of the article).
     ARTICLE_SETUP: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if meta := f.metadata.get("knob"):
+                _validate(f.name, getattr(self, f.name), f.default, meta)
 
     @classmethod
     def full(cls) -> Self:
@@ -64,7 +84,7 @@ class Knobs:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - names)
         if unknown:
-            raise TypeError(f"unknown knob {unknown[0]!r} for {cls.__qualname__}; "
+            raise KnobError(f"unknown knob {unknown[0]!r} for {cls.__qualname__}; "
                             f"valid: {', '.join(sorted(names))}")
         return dataclasses.replace(base, **overrides)
 
@@ -211,6 +231,33 @@ class Result:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(self.verdict.line())
+
+
+def _validate(name: str, value: Any, default: Any, meta: dict[str, Any]) -> None:
+    """Raise KnobError unless value suits the knob: its type, bounds and allowed values."""
+    def fail(what: str) -> KnobError:
+        return KnobError(f"knob {name} must be {what}, not {value!r}")
+
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise fail("true or false")
+    elif isinstance(default, int | float) and default is not None:
+        whole = isinstance(default, int)
+        if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+            raise fail("a whole number" if whole else "a number")
+        if not math.isfinite(value):
+            raise fail("a finite number")
+        lo, hi = meta["at_least"], meta["at_most"]
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise fail(f"at least {lo:g}" if hi is None else f"from {lo:g} to {hi:g}"
+                       if lo is not None else f"at most {hi:g}")
+    allowed = meta["one_of"]
+    if allowed:
+        items = value if isinstance(value, tuple) else (value,)
+        wrong = [v for v in items if v not in allowed]
+        if wrong:
+            raise KnobError(f"knob {name}: unknown value {wrong[0]!r}; valid: "
+                            f"{', '.join(str(a) for a in allowed)}")
 
 
 def _tuples(value: Any) -> Any:

@@ -40,7 +40,7 @@ def test_unknown_finding_names_the_valid_ones() -> None:
 
 
 def test_unknown_knob_names_the_valid_ones() -> None:
-    with pytest.raises(TypeError, match="unknown knob 'nope'.*valid: "):
+    with pytest.raises(finding.KnobError, match="unknown knob 'nope'.*valid: "):
         get("poison").knobs(nope=1)
 
 
@@ -101,3 +101,20 @@ def test_every_finding_has_a_report_chart(fid: str) -> None:
     from tenantlab import report
 
     assert report.chart_of(fid) is not None, f"tenantlab/charts/{get(fid).module_name}.py: report_chart"
+
+
+def test_knobs_are_checked_from_their_own_metadata() -> None:
+    # One error type for every finding, from what the knob field says.
+    from tenantlab.experiments import crash, reset, rls_jobs
+    with pytest.raises(finding.KnobError, match="knob jobs must be a whole number, not 2.5"):
+        reset.Knobs(jobs=2.5)
+    with pytest.raises(finding.KnobError, match="at least 0, not -1"):
+        rls_jobs.Knobs.of(jobs=-1)
+    with pytest.raises(finding.KnobError, match="finite"):
+        crash.Knobs.of(**{_float_knob(crash.Knobs): float("nan")})
+    assert isinstance(finding.KnobError("x"), ValueError)
+
+
+def _float_knob(kind: type) -> str:
+    return next(f.name for f in dataclasses.fields(kind)
+                if isinstance(f.default, float) and "knob" in f.metadata)
