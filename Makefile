@@ -72,9 +72,13 @@ lab: $(LAB_STAMP)
 test: $(DEV_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Every finding five times: the README's matrix and FINDINGS.md state the ranges of this run.
+REPEAT ?= 5
 reproduce: $(LAB_STAMP)
-	$(VENV)/bin/tenantlab reproduce --json reproduce.json --report report.html
-	$(PY) tools/findings_matrix.py reproduce.json
+	@mkdir -p docs
+	$(VENV)/bin/tenantlab reproduce --repeat $(REPEAT) --json docs/reproduce.json --report report.html
+	$(VENV)/bin/python tools/findings_matrix.py docs/reproduce.json
+	$(VENV)/bin/python tools/findings_doc.py
 
 bench: $(LAB_STAMP)
 	$(VENV)/bin/tenantlab bench --json bench.json

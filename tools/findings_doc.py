@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
 import re
 import sys
 from pathlib import Path
@@ -24,6 +25,9 @@ sys.path.insert(0, str(ROOT))
 from tenantlab.experiments import REGISTRY  # noqa: E402
 
 OUT = ROOT / "FINDINGS.md"
+#: The stored `tenantlab reproduce --repeat N --json` run whose ranges FINDINGS.md and the README
+#: state (`make reproduce` writes it; tests/test_findings.py judges it again offline).
+MEASURED = ROOT / "docs" / "reproduce.json"
 
 HEAD = """# The findings
 
@@ -75,8 +79,32 @@ def _v(value) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
+def _measured(result: dict | None, finding: str) -> str:
+    """Return the stored run's verdict for a finding: k of N, each check with its range."""
+    f = (result or {}).get("findings", {}).get(finding)
+    if not f:
+        return ""
+    runs, k = f.get("runs", 1), f.get("reproduced_runs", int(f["reproduced"]))
+    size = "full" if result.get("full") else "workshop"
+    head = (f"**Measured here** (`tenantlab reproduce --repeat {runs}` on PostgreSQL "
+            f"{result['server_version'].split()[0]}, {size} size): reproduced **{k} of {runs}** "
+            "runs; a number is the range over the runs.\n\n")
+    rows = [f"| check | {f['verdict']['against']} | measured here | holds |", "|---|---|---|---|"]
+    for name, c in f["verdict"]["checks"].items():
+        held = f"{c.get('ok_runs', int(c['ok']))} of {c.get('runs', 1)}"
+        timing = " (timing)" if c.get("timing") else ""
+        cells = [name, c["expected"], c["measured"], f"{'✓' if c['ok'] else '✗'} {held}{timing}"]
+        rows.append("| " + " | ".join(x.replace("|", "/") for x in cells) + " |")
+    return head + "\n".join(rows) + "\n\n"
+
+
+def _stored() -> dict | None:
+    return json.loads(MEASURED.read_text()) if MEASURED.exists() else None
+
+
 def render() -> str:
     parts = [HEAD]
+    stored = _stored()
     for entry in REGISTRY.values():
         doc = inspect.cleandoc(entry.module.__doc__ or "")
         body = doc.split("\n", 1)[1].strip() if "\n" in doc else ""
@@ -87,6 +115,7 @@ def render() -> str:
             f"**Claim.** {entry.claim}\n\n"
             f"**What the kit measures.** {first}\n\n"
             f"{body}\n\n"
+            f"{_measured(stored, entry.id)}"
             f"**The article's numbers** (`reproduce --json` writes them beside ours):\n\n"
             f"{_article(entry.article)}\n\n"
             f"**Knobs** (`tenantlab reproduce {entry.id}` uses the workshop size, `--full` the "
