@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Self
 
 import pandas as pd
 
+from . import settings
 from .errors import TenantlabError
 
 OK, NOT_OK = "✓", "✗"
@@ -78,9 +79,21 @@ class Knobs:
                       if "knob" in f.metadata})
 
     @classmethod
-    def of(cls, full: bool = False, **overrides: Any) -> Self:
-        """Return workshop (or full) knobs with some values changed; unknown names fail."""
-        base = cls.full() if full else cls()
+    def sized(cls) -> Self:
+        """Return the knobs at the size TENANTLAB_SIZE asks for: workshop, or full (the article's).
+
+        The one place a finding's size is decided: every ``run(knobs=None)``, ``reproduce`` and
+        the notebooks come here.
+        """
+        return cls.full() if settings.size() == "full" else cls()
+
+    @classmethod
+    def of(cls, full: bool | None = False, **overrides: Any) -> Self:
+        """Return workshop (or full) knobs with some values changed; unknown names fail.
+
+        ``full=None``: the size TENANTLAB_SIZE asks for (see :meth:`sized`).
+        """
+        base = cls.sized() if full is None else cls.full() if full else cls()
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - names)
         if unknown:

@@ -25,7 +25,7 @@ SIZE = _settings.size()
 
 def full() -> bool:
     """Return True when notebooks should run at the article's sizes (TENANTLAB_SIZE=full)."""
-    return SIZE == "full"
+    return _settings.size() == "full"
 
 
 @dataclass

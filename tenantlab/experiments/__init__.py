@@ -37,12 +37,13 @@ class Entry:
     def article(self) -> dict[str, Any]:
         return dict(self.module.ARTICLE)
 
-    def knobs(self, full: bool = False, **overrides: Any) -> Knobs:
-        """Return this finding's knobs: workshop size (or the article's), some values changed."""
+    def knobs(self, full: bool | None = None, **overrides: Any) -> Knobs:
+        """Return this finding's knobs, some values changed: the article's sizes when full,
+        workshop size when not, and the size TENANTLAB_SIZE asks for when None."""
         kind: type[Knobs] = self.module.Knobs
         return kind.of(full, **overrides)
 
-    def run(self, knobs: Knobs | None = None, *, full: bool = False, live: Any = None,
+    def run(self, knobs: Knobs | None = None, *, full: bool | None = None, live: Any = None,
             progress: Any = None) -> Result:
         """Run the finding's experiment once, live, and return its measured result."""
         result: Result = self.module.run(knobs or self.knobs(full), live=live, progress=progress)
