@@ -118,3 +118,12 @@ def test_knobs_are_checked_from_their_own_metadata() -> None:
 def _float_knob(kind: type) -> str:
     return next(f.name for f in dataclasses.fields(kind)
                 if isinstance(f.default, float) and "knob" in f.metadata)
+
+
+def test_every_experiment_module_is_a_finding_or_a_named_demonstration() -> None:
+    from tenantlab.experiments import DEMONSTRATIONS
+    modules = {p.stem for p in (ROOT / "tenantlab" / "experiments").glob("[a-z]*.py")}
+    findings = {e.module_name for e in REGISTRY.values()}
+    assert modules == findings | set(DEMONSTRATIONS), modules ^ (findings | set(DEMONSTRATIONS))
+    assert not findings & set(DEMONSTRATIONS)
+    assert all((ROOT / "notebooks" / nb).exists() for nb in DEMONSTRATIONS.values())

@@ -68,6 +68,13 @@ REGISTRY: dict[str, Entry] = {e.id: e for e in (
 )}
 
 
+#: Modules here that are not findings: demonstrations a notebook runs, with no claim of the
+#: article's to judge and so no place in ``reproduce``. ``together`` (notebook 09) runs every
+#: fault at once against the naive and the corrected worker: it shows the findings' fixes
+#: working together; each fault's claim is judged by its own finding above.
+DEMONSTRATIONS: dict[str, str] = {"together": "09-what-we-would-build.ipynb"}
+
+
 class UnknownFinding(TenantlabError, KeyError):
     def __str__(self) -> str:
         return str(self.args[0])

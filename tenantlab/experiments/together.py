@@ -1,5 +1,9 @@
 """Every fault at once: the corrected worker against the naive one (notebook 09).
 
+A demonstration, not a finding (``experiments.DEMONSTRATIONS``): the article makes no claim
+about all faults together, so ``reproduce`` does not run it; its checks are the expectation
+that the corrected worker survives what each finding shows one at a time.
+
 One mixed queue of many tenants' jobs: poison jobs first in line, jobs that crash their worker,
 jobs that outlive their lease and call the outside world, ordinary jobs that count a tenant's
 invoices, and a session that keeps a transaction open. Several worker processes work it, and a
