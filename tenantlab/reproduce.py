@@ -148,18 +148,24 @@ def merge_texts(texts: list[str]) -> str:
     columns = list(zip(*(_NUMBER.findall(t) for t in texts), strict=True))
     pieces = shape.split("\0")
     out = [pieces[0]]
-    for values, after in zip(columns, pieces[1:], strict=True):
-        out.append(_span(values, joined_by_dash=out[-1].endswith("–") or after.startswith("–")))
-        out.append(after)
+    i = 0
+    while i < len(columns):
+        if pieces[i + 1] == "–" and i + 1 < len(columns):  # a range "a–b": the widest of them
+            out.append(_span(columns[i] + columns[i + 1]))
+            i += 1
+        else:
+            out.append(_span(columns[i]))
+        out.append(pieces[i + 1])
+        i += 1
     return "".join(out)
 
 
-def _span(values: tuple[str, ...], joined_by_dash: bool) -> str:
+def _span(values: tuple[str, ...]) -> str:
     if len(set(values)) == 1:
         return values[0]
     lo = min(values, key=_number)
     hi = max(values, key=_number)
-    return f"{lo} to {hi}" if joined_by_dash else f"{lo}–{hi}"
+    return lo if _number(lo) == _number(hi) else f"{lo}–{hi}"
 
 
 def _number(text: str) -> float:

@@ -56,7 +56,7 @@ def test_numbers_of_several_runs_become_ranges() -> None:
     merge = reproduce.merge_texts
     assert merge(["1.2× (0.4 vs 0.3 ms)", "1.5× (0.45 vs 0.3 ms)"]) == "1.2–1.5× (0.4–0.45 vs 0.3 ms)"
     assert merge(["2,000 of 2,000", "1,990 of 2,000"]) == "1,990–2,000 of 2,000"
-    assert merge(["per run 1–2×", "per run 1.5–3×"]) == "per run 1 to 1.5–2 to 3×"
+    assert merge(["per run 1–2×", "per run 0.5–1.5×"]) == "per run 0.5–2×"  # ranges widen
     assert merge(["no job fails", "fails at job 7"]) == "no job fails | fails at job 7"
     assert merge(["same", "same"]) == "same"
     runs = [{"a": {"b": [1, 2]}, "c": 3.5, "ok": True}, {"a": {"b": [4, 2]}, "c": 1.5}]
