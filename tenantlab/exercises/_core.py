@@ -87,12 +87,12 @@ def one_line(e: BaseException) -> str:
 
 
 def run_answer(conn: psycopg.Connection, text: str, params: dict[str, Any],
-               what: str = "your answer") -> psycopg.ClientCursor:
+               what: str = "your answer") -> psycopg.Cursor[Any]:
     """Run the answer's statements on conn; return the cursor at the last result.
 
     Parameters are bound client-side (as literals): several statements may run at once.
     """
-    cur = psycopg.ClientCursor(conn)
+    cur: psycopg.Cursor[Any] = psycopg.ClientCursor(conn)
     try:
         cur.execute(text.strip().rstrip(";") or "select", params)
         while cur.nextset():
@@ -116,7 +116,7 @@ def run_answer(conn: psycopg.Connection, text: str, params: dict[str, Any],
     return cur
 
 
-def rows_of(cur: psycopg.ClientCursor) -> list[dict[str, Any]]:
+def rows_of(cur: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
     """Return the answer's last result as dicts ([] when it returned no rows)."""
     if cur.description is None:
         return []
@@ -317,7 +317,7 @@ class Exercise:
 def judge(ex: Exercise, answer: str) -> Outcome:
     """Check the answer in a scratch database; every failure of the answer is one line."""
     solution = ex.answer if settings.solutions() else None
-    base = {"id": ex.id, "title": ex.title, "solution": solution}
+    base: dict[str, Any] = {"id": ex.id, "title": ex.title, "solution": solution}
     if not isinstance(answer, str) or not strip_comments(answer).strip():
         return Outcome(**base, error="your answer is empty: write the SQL as a string, "
                                       "e.g. answer = \"\"\"select ...\"\"\"")
@@ -383,7 +383,8 @@ def load_progress() -> dict[str, Any]:
 def record(exercise: str, correct: bool) -> None:
     """Count a try, and remember a correct answer (a later wrong one does not undo it)."""
     data = load_progress()
-    entry = data.get(exercise) if isinstance(data.get(exercise), dict) else {}
+    old = data.get(exercise)
+    entry: dict[str, Any] = old if isinstance(old, dict) else {}
     entry = {"tries": int(entry.get("tries", 0)) + 1,
              "correct": bool(entry.get("correct")) or correct}
     data[exercise] = entry
@@ -399,7 +400,7 @@ def record(exercise: str, correct: bool) -> None:
 
 # --- claims and finishes ---------------------------------------------------------------------
 
-def claimed(cur: psycopg.ClientCursor, what: str) -> list[tuple[int, int]]:
+def claimed(cur: psycopg.Cursor[Any], what: str) -> list[tuple[int, int]]:
     """Return (job id, attempt) per row the claim returned; a wrong shape is one line."""
     rows = rows_of(cur)
     out = []
@@ -413,7 +414,7 @@ def claimed(cur: psycopg.ClientCursor, what: str) -> list[tuple[int, int]]:
     return out
 
 
-def finished_count(cur: psycopg.ClientCursor) -> int:
+def finished_count(cur: psycopg.Cursor[Any]) -> int:
     """Return how many jobs a finish says it finished: its row count, or a returned count."""
     if cur.description is None:
         return max(cur.rowcount, 0)

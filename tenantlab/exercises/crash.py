@@ -109,7 +109,7 @@ def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
                 if job is not None and jobs.state(job)["kind"] == "crash":
                     m["killed"] += 1
                     conn.close()  # the worker dies mid-work: its open transaction rolls back
-                elif job is not None:
+                elif job is not None and attempt is not None:
                     _work_and_finish(conn, finish, job, attempt, m)
             jobs.only({j for j, _ in took}, f"worker {n}'s script")
             if m["killed"] == 1 and m["after_first"] is None:

@@ -62,7 +62,9 @@ def screen(answer: str) -> None:
 
 def _statements(text: str) -> list[str]:
     # Split on semicolons outside quotes (a policy's expression may quote a string).
-    out, cur, quoted = [], [], False
+    out: list[str] = []
+    cur: list[str] = []
+    quoted = False
     for ch in strip_comments(text):
         if ch == "'":
             quoted = not quoted
