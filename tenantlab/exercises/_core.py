@@ -108,11 +108,11 @@ def run_answer(conn: psycopg.Connection, text: str, params: dict[str, Any],
     except psycopg.errors.InsufficientPrivilege as e:
         raise AnswerFailed(f"{what} was refused: {one_line(e)} (it runs as the worker role)") from e
     except psycopg.Error as e:
+        if e.sqlstate is None:  # psycopg's own: a parameter missing, a lone % in the text
+            raise AnswerFailed(f"{what} uses a parameter it is not given: {one_line(e)} "
+                               "(write a literal % as %%)") from e
         constraint = getattr(e.diag, "constraint_name", None)
         raise AnswerFailed(f"{what} failed: {one_line(e)}", constraint) from e
-    except (KeyError, psycopg.ProgrammingError) as e:
-        raise AnswerFailed(f"{what} uses a parameter it is not given: {one_line(e)} "
-                           "(write a literal % as %%)") from e
     return cur
 
 
