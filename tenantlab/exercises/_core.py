@@ -16,6 +16,7 @@ import html
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -93,6 +94,10 @@ def run_answer(conn: psycopg.Connection, text: str, params: dict[str, Any],
     Parameters are bound client-side (as literals): several statements may run at once.
     """
     cur: psycopg.Cursor[Any] = psycopg.ClientCursor(conn)
+    # The server's timeout, and a client-side one in case an answer found a way to lift it.
+    watchdog = threading.Timer(STATEMENT_TIMEOUT_MS / 1000 + 1, conn.cancel_safe)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         cur.execute(text.strip().rstrip(";") or "select", params)
         while cur.nextset():
@@ -113,6 +118,8 @@ def run_answer(conn: psycopg.Connection, text: str, params: dict[str, Any],
                                "(write a literal % as %%)") from e
         constraint = getattr(e.diag, "constraint_name", None)
         raise AnswerFailed(f"{what} failed: {one_line(e)}", constraint) from e
+    finally:
+        watchdog.cancel()
     return cur
 
 
