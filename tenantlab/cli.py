@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -120,6 +121,8 @@ def _run_lab(args: argparse.Namespace, nbdir: Path, token: str) -> int:
         env = dict(os.environ, TENANTLAB_HOME=str(embedded().home), JUPYTER_TOKEN=token)
         if url := settings.database_url():
             env[settings.DATABASE_URL] = url  # the kernels find the same server
+        if args.solutions:
+            env[settings.SOLUTIONS] = "1"  # the kernels' exercises read it
         cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={nbdir}",
                f"--ServerApp.ip={args.ip}", f"--ServerApp.port={args.port}",
                "--ServerApp.port_retries=0"]
@@ -241,6 +244,8 @@ def parser() -> argparse.ArgumentParser:
                      help="Jupyter token (default: JUPYTER_TOKEN, else random; printed). An option "
                           "shows in `ps`: prefer JUPYTER_TOKEN")
     lab.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    lab.add_argument("--solutions", action="store_true",
+                     help="instructor view: the exercises show the kit's answer expanded")
     lab.set_defaults(func=cmd_lab)
 
     rep = sub.add_parser("reproduce", help="regenerate the article's findings on this server")
@@ -261,6 +266,7 @@ def parser() -> argparse.ArgumentParser:
     un.set_defaults(func=cmd_uninstall)
 
     add_queue_commands(sub)  # worker, enqueue, reap, bench, export-worker
+    add_exercise_commands(sub)  # exercises list|check|starter|solution
     return p
 
 
@@ -430,4 +436,75 @@ def cmd_export_worker(args: argparse.Namespace) -> int:
     print(f"wrote {dest} (read {dest / 'README.md'})", file=sys.stderr)
     # Last line: the command that starts the exported worker (nothing else on PYTHONPATH needed).
     print(f"PYTHONPATH={Path(args.dir).resolve()} python -m {args.name} --dsn DSN")
+    return 0
+
+
+# --- exercises: list, check, starter, solution (a contract: tests and participants rely on it) --
+
+def add_exercise_commands(sub: argparse._SubParsersAction) -> None:
+    """Add ``tenantlab exercises list|check|starter|solution``."""
+    ex = sub.add_parser("exercises", help="your turn: check your own fix against the failure")
+    cmds = ex.add_subparsers(dest="exercise_command", required=True, metavar="ACTION")
+    ls = cmds.add_parser("list", help="the exercises: id, notebook, title")
+    ls.add_argument("--json", action="store_true", help="as a JSON list")
+    ls.set_defaults(func=cmd_exercises_list)
+    ck = cmds.add_parser("check", help="run the finding's scenario with your answer; exit 0 "
+                                       "when it does it, 1 when not yet")
+    ck.add_argument("id", metavar="ID", help="the exercise (id or notebook number)")
+    ck.add_argument("--answer", required=True, metavar="FILE", help="your answer's SQL (- : stdin)")
+    ck.add_argument("--json", action="store_true",
+                    help='print {"id", "correct", "checks": [...], "nudge"}')
+    ck.set_defaults(func=cmd_exercises_check)
+    for name, what in (("starter", "the naive version, runnable as is"),
+                       ("solution", "the kit's answer")):
+        p = cmds.add_parser(name, help=f"print {what}")
+        p.add_argument("id", metavar="ID", help="the exercise (id or notebook number)")
+        p.set_defaults(func=cmd_exercises_text, text=name)
+
+
+def _exercise(key: str) -> Any:
+    """Return the exercise, or None after saying which ids are valid (exit status 2)."""
+    from . import exercises
+
+    try:
+        return exercises.get(key)
+    except KeyError as e:
+        print(f"tenantlab exercises: {e.args[0]}", file=sys.stderr)
+        return None
+
+
+def cmd_exercises_list(args: argparse.Namespace) -> int:
+    import json
+
+    from .exercises import EXERCISES
+
+    rows = [{"id": e.id, "notebook": e.notebook, "title": e.title} for e in EXERCISES.values()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for r in rows:
+            print(f"{r['id']:<16} {r['notebook']}  {r['title']}")
+    return 0
+
+
+def cmd_exercises_check(args: argparse.Namespace) -> int:
+    import json
+
+    ex = _exercise(args.id)
+    if ex is None:
+        return 2
+    try:
+        text = sys.stdin.read() if args.answer == "-" else Path(args.answer).read_text()
+    except OSError as e:
+        raise TenantlabError(f"cannot read the answer {args.answer}: {e.strerror}") from None
+    outcome = ex.check(text)
+    print(json.dumps(outcome.to_json(), indent=1) if args.json else outcome.line())
+    return 0 if outcome.correct else 1
+
+
+def cmd_exercises_text(args: argparse.Namespace) -> int:
+    ex = _exercise(args.id)
+    if ex is None:
+        return 2
+    print((ex.starter if args.text == "starter" else ex.answer).rstrip("\n"))
     return 0

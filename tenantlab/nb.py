@@ -233,6 +233,11 @@ def measured(result: Result) -> Any:
     return _flat(result.measured, "measured here")
 
 
+def fields(data: dict[str, Any]) -> Any:
+    """Return a dict of facts (a policy, a role) as a two-column table: what, value."""
+    return _flat(data, "value")
+
+
 def settings(obj: Any) -> Any:
     """Return a dataclass's fields (an experiment's settings) as a two-column table."""
     import dataclasses

@@ -29,6 +29,8 @@ JUPYTER_TOKEN = "JUPYTER_TOKEN"
 PGBOUNCER = "TENANTLAB_PGBOUNCER"
 PGBOUNCER_URL = "TENANTLAB_PGBOUNCER_URL"
 PROBE_DSN = "TENANTLAB_PROBE_DSN"
+EXERCISES = "TENANTLAB_EXERCISES"
+SOLUTIONS = "TENANTLAB_SOLUTIONS"
 
 
 def _get(name: str) -> str | None:
@@ -140,3 +142,13 @@ def pgbouncer_url() -> str | None:
 def probe_dsn() -> str | None:
     """Return the DSN a vanish probe inside a network namespace connects to (set by its parent)."""
     return _get(PROBE_DSN)
+
+
+def exercises_file() -> Path | None:
+    """Return TENANTLAB_EXERCISES, the file that keeps exercise progress, when set."""
+    return Path(env) if (env := _get(EXERCISES)) else None
+
+
+def solutions() -> bool:
+    """Return True when TENANTLAB_SOLUTIONS asks for the exercises' solutions expanded."""
+    return _get(SOLUTIONS) in ("1", "true", "yes")

@@ -31,6 +31,14 @@ PRESENT = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]-*.ipynb"))
 RUN_TIMEOUT = 420
 # Notebooks whose verdict boxes' behavioural checks must all be ✓ (timing checks are not required).
 VERDICT_BOX = {"01", "02", "03", "04", "05", "06", "08", "09", "10", "12"}
+# Notebooks with an exercise cell (tenantlab.exercises): its box, a "not yet" with the starter
+# left in the cell, has a class of its own so that the verdict boxes above never include it.
+EXERCISE_BOX = {"01", "03", "04", "05", "08", "11"}
+# Each exercise box, and whether its content fits its width at 1280 px.
+JS_EXERCISE_BOXES = """() => Array.from(document.querySelectorAll('.tenantlab-exercise'))
+  .map(b => ({text: b.innerText, fits: b.scrollWidth <= b.clientWidth + 2
+              && b.getBoundingClientRect().right
+                 <= b.closest('.jp-OutputArea-output').getBoundingClientRect().right + 2}))"""
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +130,12 @@ def run_and_check(page: object, lab: browser.Lab, offline: browser.Offline, name
                                      [r.get_attribute("data-ok") for r in rows.all()],
                                      strict=True) if ok != "1"]
         assert rows.count() >= 1 and not failed, f"{name}: {failed}"
+    if name[:2] in EXERCISE_BOX:
+        boxes = page.evaluate(JS_EXERCISE_BOXES)
+        assert len(boxes) == 1, f"{name}: one exercise box expected, found {len(boxes)}"
+        assert all(b["fits"] for b in boxes), f"{name}: the exercise box is wider than its cell"
+        # The starter is left as it is: a nudge that names what was measured, never a bare ✗.
+        assert boxes[0]["text"].startswith("not yet: ") and "✗" not in boxes[0]["text"], boxes
     # Nothing may be fetched from the internet: JupyterLab's own requests in this setup all go
     # to the lab (none were seen), so there is no exception to allow.
     blocked = offline.blocked[first_blocked:]
