@@ -497,7 +497,13 @@ def cmd_exercises_check(args: argparse.Namespace) -> int:
         text = sys.stdin.read() if args.answer == "-" else Path(args.answer).read_text()
     except OSError as e:
         raise TenantlabError(f"cannot read the answer {args.answer}: {e.strerror}") from None
-    outcome = ex.check(text)
+    try:
+        outcome = ex.check(text)
+    except Exception as e:  # no server, no rights: not "not yet" (1), which a script reads
+        if (message := explain(e)) is None or args.debug:
+            raise
+        print(f"tenantlab exercises: {message}", file=sys.stderr)
+        return 2
     print(json.dumps(outcome.to_json(), indent=1) if args.json else outcome.line())
     return 0 if outcome.correct else 1
 
