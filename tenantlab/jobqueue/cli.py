@@ -33,8 +33,8 @@ from . import worker as w
 from .handlers import Handlers
 from .handlers import handlers as default_handlers
 from .jobs import ConfigError, JobQueueError
-from .options import WorkerOptions, add_flags, count, from_args, seconds
-from .preflight import connect, connect_checked, one_line, preflight
+from .options import Parser, WorkerOptions, add_flags, count, from_args, seconds
+from .preflight import check_dsn, connect, connect_checked, diagnose, one_line, preflight, refused_login
 from .reaper import Reaper, ReaperConfig, prune
 
 PROG = f"python -m {__package__}"
@@ -78,8 +78,8 @@ def load_handlers(spec: str | None) -> Handlers:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=PROG, description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="log every job (any position)")
     p.add_argument(DEBUG, action="store_true",
                    help="show a traceback for configuration errors too (any position)")
@@ -176,6 +176,8 @@ def run_reaper(dsn: str, config: ReaperConfig, *, max_outage: float | None = Non
                 outage.ok()
                 total += Reaper(conn, config, events).run_forever(stop=lambda: flag.stopped)
         except w.LOST as e:
+            if refused_login(e):  # a password or a database changed since the start
+                raise ConfigError(diagnose(e)) from e
             outage.failed(e)
     return total
 
@@ -221,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dsn:
         p.error(f"--dsn is required (or set {DSN_ENV})")
     try:
+        # Where it was read, before anything connects: the flag's value, or the variable's.
+        check_dsn(args.dsn, "--dsn" if args.dsn != os.environ.get(DSN_ENV) else DSN_ENV)
         return int(args.func(args))
     except ConfigError as e:
         if debug:
