@@ -23,9 +23,10 @@ import dataclasses
 import html
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-import pandas as pd
+if TYPE_CHECKING:  # imported where used: every `tenantlab` command imports this module
+    import pandas as pd
 
 OK, NOT_OK = "✓", "✗"
 
@@ -140,6 +141,8 @@ class Verdict:
 
     def table(self) -> pd.DataFrame:
         """Return one row per check: check, expected, measured, ✓/✗."""
+        import pandas as pd
+
         return pd.DataFrame(
             [{"check": c.name, "expected": c.expected, "measured here": c.measured,
               "": OK if c.ok else NOT_OK} for c in self.checks],

@@ -121,7 +121,7 @@ def refused_login(error: BaseException) -> str | None:
     return None
 
 
-def diagnose(error: psycopg.OperationalError) -> str:
+def diagnose(error: psycopg.Error) -> str:
     """Return one line naming why a first connection failed and what to change."""
     refused = refused_login(error)
     text = one_line(error).removeprefix("connection failed: ")
