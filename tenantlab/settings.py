@@ -133,7 +133,7 @@ def port() -> int | None:
 
 def pg_bindir() -> Path | None:
     """Return TENANTLAB_PG_BINDIR (a directory with pg_ctl and postgres) when set."""
-    return _directory(PG_BINDIR, _get(PG_BINDIR), must_exist=True)
+    return _directory(PG_BINDIR, _get(PG_BINDIR))  # its binaries: server.bindir() checks
 
 
 def size() -> str:
