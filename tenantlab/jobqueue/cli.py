@@ -11,7 +11,8 @@ Exit statuses: 0 stopped; 1 crashed (a bug: traceback); 2 bad configuration, one
 (a malformed DSN, a failed login, a missing database, a server not reachable at start, the
 schema missing or behind, a missing grant, a handlers module that fails to import, no handlers);
 3 lost the server for longer than ``--max-outage`` (a server that was reachable and went away:
-the worker reconnects until then); 130 stopped at once by a second signal.
+the worker reconnects until then; one that then refuses the login or has lost the database
+is 2); 130 stopped at once by a second signal.
 Signals: the first SIGTERM (or SIGINT) stops a worker after its current job or batch; a second
 one stops it at once (its job is rolled back, and retried, counted, once its lease runs out).
 """
