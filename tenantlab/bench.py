@@ -30,8 +30,9 @@ from typing import Any
 
 from . import db, kinds, queue
 from .jobqueue import Leased, Worker, WorkerOptions
-from .jobqueue.options import count, number
+from .jobqueue.options import Parser, count, number
 from .queries import q
+from .validate import output_file
 
 #: In process, on one connection: the naive design and the corrected one's run_one loop.
 DESIGNS: dict[str, Callable[[], Any]] = {
@@ -338,29 +339,39 @@ def _settings(s: db.Scratch) -> dict[str, str]:
                 for name in ("fsync", "synchronous_commit")}
 
 
+#: Rows a bench flag may ask for at most (ten million: minutes of inserts already).
+MAX_ROWS = 10_000_000
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the benchmark's flags (``tenantlab bench``)."""
-    p.add_argument("--jobs", type=count("jobs"), default=2000, help="no-op jobs per run (default 2000)")
-    p.add_argument("--rounds", "--repeats", dest="rounds", type=count("rounds"), default=3,
+    p.add_argument("--jobs", type=count("jobs", most=1_000_000), default=2000,
+                   help="no-op jobs per run (default 2000)")
+    p.add_argument("--rounds", "--repeats", dest="rounds", type=count("rounds", most=100),
+                   default=3,
                    help="runs per design; medians are reported (default 3)")
-    p.add_argument("--history", type=count("history"), default=100_000,
+    p.add_argument("--history", type=count("history", most=MAX_ROWS), default=100_000,
                    help="finished jobs under the claim for the history measurement (default 100,000)")
-    p.add_argument("--scheduled", type=number(int, "scheduled", zero=True), default=100_000,
+    p.add_argument("--scheduled", type=number(int, "scheduled", zero=True, most=MAX_ROWS),
+                   default=100_000,
                    help="jobs scheduled for tomorrow in front of the ready ones (default 100,000)")
-    p.add_argument("--backoff", type=number(int, "backoff", zero=True), default=10_000,
+    p.add_argument("--backoff", type=number(int, "backoff", zero=True, most=MAX_ROWS),
+                   default=10_000,
                    help="jobs in backoff (due in 5 minutes) in front of them too (default 10,000)")
-    p.add_argument("--exhausted", type=number(int, "exhausted", zero=True), default=1_000,
+    p.add_argument("--exhausted", type=number(int, "exhausted", zero=True, most=MAX_ROWS),
+                   default=1_000,
                    help="running jobs with their lease out and attempts spent, not yet reaped, "
                         "in front of the ready ones, measured apart (default 1,000; 0: not)")
-    p.add_argument("--workers", type=count("workers"), default=4,
+    p.add_argument("--workers", type=count("workers", most=64), default=4,
                    help="worker processes at most for the scaling run (1, 2, 4, 8 up to W)")
     p.add_argument("--peers", action="store_true",
                    help="also procrastinate and PgQueuer (pip install -e .[bench])")
-    p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    p.add_argument("--json", metavar="FILE", type=output_file,
+                   help="also write the result as JSON")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tenantlab bench", description=__doc__)
+    p = Parser(prog="tenantlab bench", description=__doc__)
     add_arguments(p)
     return cmd_bench(p.parse_args(argv))
 

@@ -15,10 +15,12 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from . import db, pgbouncer, reproduce, settings
-from .errors import TenantlabError
+from . import db, pgbouncer, reproduce, settings, validate
+from .errors import ConfigurationError, TenantlabError
 from .experiments import REGISTRY
 from .jobqueue.jobs import ConfigError, JobQueueError
+from .jobqueue.options import Parser
+from .jobqueue.preflight import diagnose, refused_login
 from .server import REPO, ServerError, alive, embedded, port_free
 
 log = logging.getLogger("tenantlab")
@@ -214,10 +216,11 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tenantlab", description=__doc__)
+    p = Parser(prog="tenantlab", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     p.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     p.add_argument("--database-url", metavar="URL", default=None,
+                   type=validate.dsn,
                    help="admin URL of a PostgreSQL 15+ server to use instead of the embedded one "
                         "(default: TENANTLAB_DATABASE_URL)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -238,7 +241,8 @@ def parser() -> argparse.ArgumentParser:
 
     lab = sub.add_parser("lab", help="start the server (unless TENANTLAB_DATABASE_URL) and JupyterLab")
     lab.add_argument("--port", type=_port, default=8888, help="JupyterLab's port (default 8888)")
-    lab.add_argument("--ip", default="127.0.0.1", help="address JupyterLab listens on")
+    lab.add_argument("--ip", default="127.0.0.1", type=validate.listen_address,
+                     help="address JupyterLab listens on")
     lab.add_argument("--db-port", type=_port, default=None, help="the embedded server's port")
     lab.add_argument("--token", default=None,
                      help="Jupyter token (default: JUPYTER_TOKEN, else random; printed). An option "
@@ -256,8 +260,9 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--repeat", type=_repeat, default=1, metavar="N",
                      help="run every finding N times: reproduced k of N, numbers as ranges "
                           f"(1 to {reproduce.MAX_REPEAT}; default 1)")
-    rep.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    rep.add_argument("--report", metavar="FILE",
+    rep.add_argument("--json", metavar="FILE", type=validate.output_file,
+                     help="write the results as JSON")
+    rep.add_argument("--report", metavar="FILE", type=validate.output_file,
                      help="write one HTML page with claims, measurements, verdicts and charts")
     rep.set_defaults(func=cmd_reproduce)
 
@@ -270,14 +275,23 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Commands that manage the embedded server only: an outside server's URL means nothing to them.
+EMBEDDED_ONLY = ("up", "down")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="tenantlab: %(message)s")
-    if args.database_url:
-        # Child processes (workers, kernels) inherit it, as they would the variable itself.
-        os.environ[settings.DATABASE_URL] = args.database_url
     try:
+        if args.database_url and args.command in EMBEDDED_ONLY:
+            raise ConfigurationError(
+                f"{args.command} manages only the embedded server; --database-url names "
+                "another one: drop the flag (an outside server is started and stopped by its owner)")
+        if args.database_url:
+            # Child processes (workers, kernels) inherit it, as they would the variable itself.
+            os.environ[settings.DATABASE_URL] = args.database_url
+        settings.check()  # every variable, before any work
         return args.func(args)
     except KeyboardInterrupt:
         return 130
@@ -286,8 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug or message is None:
             raise
         print(f"tenantlab {args.command}: {message}", file=sys.stderr)
-        # The worker's and the reaper's configuration errors keep jobqueue's status (2).
-        return 2 if isinstance(e, ConfigError) else 1
+        return 2 if configuration(e) else 1
+
+
+def configuration(e: BaseException) -> bool:
+    """Return True for bad input (exit 2): a flag, a variable, a refused login, no database.
+
+    The worker's and the reaper's configuration errors keep jobqueue's status (2) too.
+    """
+    return isinstance(e, ConfigError | ConfigurationError) or refused_login(e) is not None
 
 
 def explain(e: BaseException) -> str | None:
@@ -304,6 +325,8 @@ def explain(e: BaseException) -> str | None:
                 "service's admin role); see the README's \"With your own server\"")
     if isinstance(e, psycopg.OperationalError):
         where = "TENANTLAB_DATABASE_URL" if settings.database_url() else "the embedded server"
+        if refused_login(e):  # the server answered: a wrong password or database, not an outage
+            return f"{diagnose(e)}; the server: {where}"
         return (f"cannot connect to PostgreSQL: {first}\n"
                 f"check {where} (is it running, are the user and password right?); "
                 "`tenantlab status` tells which server is used")
@@ -314,6 +337,16 @@ def explain(e: BaseException) -> str | None:
 
 DSN_HELP = ("database to work on (default: TENANTLAB_DSN, else the playground database); "
             "always logs in as tenantlab_worker")
+
+
+#: `enqueue --count` at most: about five seconds of inserts; more is a loop of enqueues.
+MAX_ENQUEUE = 100_000
+#: `enqueue --max-attempts` at most: retries beyond that are a bug, not a policy.
+MAX_ATTEMPTS = 1000
+
+
+def _events(text: str) -> str:
+    return text if text == "-" else validate.output_file(text)
 
 
 def _tenant(text: str) -> int:
@@ -335,25 +368,27 @@ def add_queue_commands(sub: argparse._SubParsersAction) -> None:
 
     w = sub.add_parser("worker", help="run a worker: claim and run jobs until stopped")
     add_flags(w, WorkerConfig)
-    w.add_argument("--events", default="-", help="event log file (default: stdout)")
-    w.add_argument("--dsn", default=None, help=DSN_HELP)
+    w.add_argument("--events", default="-", type=_events,
+                   help="event log file (default: stdout)")
+    w.add_argument("--dsn", default=None, type=validate.dsn, help=DSN_HELP)
     w.set_defaults(func=cmd_worker)
 
     e = sub.add_parser("enqueue", help="queue jobs")
     e.add_argument("--kind", required=True, choices=list(kinds.handlers), help="what the job does")
     e.add_argument("--tenant", type=_tenant, default=None,
                    help="tenant 1..100 (default: spread over all)")
-    e.add_argument("--count", type=count("count"), default=1, help="how many jobs")
+    e.add_argument("--count", type=count("count", most=MAX_ENQUEUE), default=1,
+                   help=f"how many jobs (at most {MAX_ENQUEUE:,}: a few seconds)")
     e.add_argument("--seconds", type=seconds("seconds", zero=True), default=0.0,
                    help="work duration (sleep, crash)")
-    e.add_argument("--max-attempts", type=count("max-attempts"), default=3,
-                   help="attempts before dead")
-    e.add_argument("--dsn", default=None, help=DSN_HELP)
+    e.add_argument("--max-attempts", type=count("max-attempts", most=MAX_ATTEMPTS), default=3,
+                   help=f"attempts before dead (at most {MAX_ATTEMPTS})")
+    e.add_argument("--dsn", default=None, type=validate.dsn, help=DSN_HELP)
     e.set_defaults(func=cmd_enqueue)
 
     r = sub.add_parser("reap", help="move exhausted jobs whose lease expired to dead")
     add_reap_flags(r)
-    r.add_argument("--dsn", default=None, help=DSN_HELP)
+    r.add_argument("--dsn", default=None, type=validate.dsn, help=DSN_HELP)
     r.set_defaults(func=cmd_reap)
 
     b = sub.add_parser("bench", help="what the queue costs per job: the designs side by side")
@@ -364,7 +399,8 @@ def add_queue_commands(sub: argparse._SubParsersAction) -> None:
 
     x = sub.add_parser("export-worker",
                        help="write the corrected worker into DIR as a standalone package")
-    x.add_argument("dir", metavar="DIR", help="directory to write into (created if missing)")
+    x.add_argument("dir", metavar="DIR", type=validate.directory,
+                   help="directory to write into (created if missing)")
     x.add_argument("--name", default="jobqueue", help="the package's name (default: jobqueue)")
     x.add_argument("--force", action="store_true",
                    help="write into DIR/NAME even if it holds files no earlier export wrote "

@@ -24,9 +24,10 @@ import html
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-import pandas as pd
+if TYPE_CHECKING:  # imported where used: every `tenantlab` command imports this module
+    import pandas as pd
 
 from . import settings
 from .errors import TenantlabError
@@ -183,6 +184,8 @@ class Verdict:
 
     def table(self) -> pd.DataFrame:
         """Return one row per check: check, expected, measured, ✓/✗."""
+        import pandas as pd
+
         return pd.DataFrame(
             [{"check": c.name, "expected": c.expected, "measured here": c.measured,
               "": OK if c.ok else NOT_OK} for c in self.checks],

@@ -15,11 +15,12 @@ from functools import cache
 from pathlib import Path
 
 from . import settings
+from .errors import TenantlabError
 from .jobqueue import migrations
 from .jobqueue import queries as production
 
-SQL_DIR = settings.sql_dir() or Path(__file__).resolve().parent.parent / "sql"
-LAB_DIR = SQL_DIR / "lab"
+#: The checkout's (or the installed package's) SQL; TENANTLAB_SQL replaces it.
+DEFAULT_SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
 #: Lab files whose DDL must run in this order (after the production schema); the rest hold
 #: queries only.
 LAB_ORDER = ("roles.sql", "tenants.sql", "jobs.sql")
@@ -27,9 +28,12 @@ LAB_ORDER = ("roles.sql", "tenants.sql", "jobs.sql")
 
 def files() -> list[Path]:
     """Return every SQL file, in the order the template applies their DDL."""
-    if not LAB_DIR.is_dir():
-        raise FileNotFoundError(f"no sql/lab directory at {LAB_DIR}: set TENANTLAB_SQL")
-    lab = sorted(LAB_DIR.glob("*.sql"), key=lambda p: (p.name not in LAB_ORDER,
+    # Read when needed, not at import: a bad TENANTLAB_SQL is then the CLI's one line.
+    lab_dir = (settings.sql_dir() or DEFAULT_SQL_DIR) / "lab"
+    if not lab_dir.is_dir():
+        raise TenantlabError(f"no sql/lab directory at {lab_dir}: set TENANTLAB_SQL to a "
+                             "directory holding lab/*.sql")
+    lab = sorted(lab_dir.glob("*.sql"), key=lambda p: (p.name not in LAB_ORDER,
                                                        LAB_ORDER.index(p.name)
                                                        if p.name in LAB_ORDER else 0, p.name))
     return [production.SQL_DIR / "queries.sql", *lab]

@@ -6,10 +6,14 @@ sets a variable sees it take effect. The README's "Environment variables" table 
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
-from .errors import TenantlabError
+from .errors import ConfigurationError
+from .errors import TenantlabError as TenantlabError  # settings.TenantlabError, as before
+from .jobqueue.jobs import MAX_SECONDS, ConfigError
+from .jobqueue.preflight import check_dsn
 
 #: The kit's own variable for an outside server's admin URL.
 DATABASE_URL = "TENANTLAB_DATABASE_URL"
@@ -31,10 +35,54 @@ PGBOUNCER_URL = "TENANTLAB_PGBOUNCER_URL"
 PROBE_DSN = "TENANTLAB_PROBE_DSN"
 EXERCISES = "TENANTLAB_EXERCISES"
 SOLUTIONS = "TENANTLAB_SOLUTIONS"
+#: The sizes TENANTLAB_SIZE names, written exactly so.
+SIZES = ("workshop", "full")
+_YES, _NO = ("1", "true", "yes"), ("0", "false", "no")
 
 
 def _get(name: str) -> str | None:
     return os.environ.get(name) or None
+
+
+def _dsn(name: str, value: str | None) -> str | None:
+    """Return `value` when it is a connection string; a ConfigurationError naming `name` if not."""
+    if value is None:
+        return None
+    try:
+        return check_dsn(value, name)
+    except ConfigError as e:
+        raise ConfigurationError(str(e)) from None
+
+
+def _directory(name: str, value: str | None, *, must_exist: bool = False) -> Path | None:
+    """Return the path in `value`; refuse a file (or, when `must_exist`, nothing) there."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigurationError(f"{name}={value} is a file, not a directory")
+    if must_exist and not path.is_dir():
+        raise ConfigurationError(f"{name}={value} does not exist: it must name a directory")
+    return path
+
+
+def check() -> None:
+    """Read every variable once: a bad one is a ConfigurationError before anything starts.
+
+    The CLI calls this first, so `TENANTLAB_SIZE=Full tenantlab lab` fails at once and not in
+    a kernel later.
+    """
+    database_url()
+    home()
+    port()
+    pg_bindir()
+    size()
+    dsn()
+    notebooks()
+    sql_dir()
+    outside_file()
+    outside_hang()
+    pgbouncer_url()
 
 
 def database_url() -> str | None:
@@ -44,20 +92,26 @@ def database_url() -> str | None:
     roles and databases on its server only when TENANTLAB_USE_DATABASE_URL=1 says so.
     """
     if url := _get(DATABASE_URL):
-        return url
-    if _get(USE_DATABASE_URL) in ("1", "true", "yes") and (url := _get("DATABASE_URL")):
-        return url
+        return _dsn(DATABASE_URL, url)
+    use = (_get(USE_DATABASE_URL) or "0").lower()
+    if use not in _YES + _NO:
+        raise ConfigurationError(f"{USE_DATABASE_URL} must be 1 or 0 (true/false, yes/no), "
+                                 f"not {_get(USE_DATABASE_URL)!r}")
+    if use in _YES and (url := _get("DATABASE_URL")):
+        return _dsn(f"DATABASE_URL (used as {USE_DATABASE_URL}=1 says)", url)
     return None
 
 
 def ignored_database_url() -> bool:
     """Return True when a bare DATABASE_URL is set but not used (worth one line of notice)."""
-    return bool(_get("DATABASE_URL")) and database_url() is None
+    return bool(_get("DATABASE_URL")) and not _get(DATABASE_URL) and \
+        (_get(USE_DATABASE_URL) or "0").lower() not in _YES
 
 
 def home() -> Path | None:
     """Return TENANTLAB_HOME, the embedded server's state directory, when set."""
-    return Path(env).resolve() if (env := _get(HOME)) else None
+    path = _directory(HOME, _get(HOME))
+    return path.resolve() if path else None
 
 
 def state_home() -> Path:
@@ -73,35 +127,43 @@ def port() -> int | None:
     try:
         value = int(text)
     except ValueError:
-        raise TenantlabError(f"{PORT} must be a port number, not {text!r}") from None
+        raise ConfigurationError(f"{PORT} must be a port number, not {text!r}") from None
     if not 1024 <= value <= 65535:
-        raise TenantlabError(f"{PORT} must be from 1024 to 65535, not {value}")
+        raise ConfigurationError(f"{PORT} must be from 1024 to 65535, not {value}")
     return value
 
 
 def pg_bindir() -> Path | None:
     """Return TENANTLAB_PG_BINDIR (a directory with pg_ctl and postgres) when set."""
-    return Path(env) if (env := _get(PG_BINDIR)) else None
+    return _directory(PG_BINDIR, _get(PG_BINDIR))  # its binaries: server.bindir() checks
 
 
 def size() -> str:
-    """Return TENANTLAB_SIZE: "workshop" (default) or "full" (the article's sizes)."""
-    return _get(SIZE) or "workshop"
+    """Return TENANTLAB_SIZE: "workshop" (default) or "full" (the article's sizes), exactly."""
+    value = _get(SIZE) or "workshop"
+    if value not in SIZES:
+        raise ConfigurationError(f"{SIZE} must be {' or '.join(SIZES)} (in lower case), "
+                                 f"not {value!r}")
+    return value
 
 
 def dsn() -> str | None:
     """Return TENANTLAB_DSN, the database a worker process works on, when set."""
-    return _get(DSN)
+    return _dsn(DSN, _get(DSN))
 
 
 def notebooks() -> Path | None:
     """Return TENANTLAB_NOTEBOOKS, the notebooks directory `lab` opens, when set."""
-    return Path(env) if (env := _get(NOTEBOOKS)) else None
+    return _directory(NOTEBOOKS, _get(NOTEBOOKS), must_exist=True)
 
 
 def sql_dir() -> Path | None:
     """Return TENANTLAB_SQL, a directory of .sql files to load instead of the package's."""
-    return Path(env) if (env := _get(SQL)) else None
+    path = _directory(SQL, _get(SQL), must_exist=True)
+    if path is not None and not (path / "lab").is_dir():
+        raise ConfigurationError(f"{SQL}={path} has no lab/ directory: it must name a copy of "
+                                 "the checkout's sql/")
+    return path
 
 
 def worker_password() -> str | None:
@@ -111,12 +173,27 @@ def worker_password() -> str | None:
 
 def outside_file() -> Path | None:
     """Return TENANTLAB_OUTSIDE, the outside world's file, when set."""
-    return Path(env) if (env := _get(OUTSIDE)) else None
+    if (env := _get(OUTSIDE)) is None:
+        return None
+    path = Path(env).expanduser()
+    if path.is_dir():
+        raise ConfigurationError(f"{OUTSIDE}={env} is a directory: it must name a file")
+    if not path.parent.is_dir():
+        raise ConfigurationError(f"{OUTSIDE}={env}: its directory {path.parent} does not exist")
+    return path
 
 
 def outside_hang() -> str:
     """Return TENANTLAB_OUTSIDE_HANG as text ("" when unset); the caller parses it."""
-    return _get(OUTSIDE_HANG) or ""
+    text = _get(OUTSIDE_HANG) or ""
+    try:
+        value = float(text or "0")
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
+        raise ConfigurationError(f"{OUTSIDE_HANG} must be a number of seconds from 0 to "
+                                 f"{MAX_SECONDS:,}, not {text!r}")
+    return text
 
 
 def jupyter_token() -> str | None:
@@ -131,12 +208,13 @@ def path() -> str:
 
 def pgbouncer() -> Path | None:
     """Return the pgbouncer binary to use instead of the one on PATH (TENANTLAB_PGBOUNCER)."""
+    # Not checked here: a missing binary is the finding's "skipped: not installed".
     return Path(v) if (v := _get(PGBOUNCER)) else None
 
 
 def pgbouncer_url() -> str | None:
     """Return a PgBouncer to use as it is (TENANTLAB_PGBOUNCER_URL; docker compose sets it)."""
-    return _get(PGBOUNCER_URL)
+    return _dsn(PGBOUNCER_URL, _get(PGBOUNCER_URL))
 
 
 def probe_dsn() -> str | None:

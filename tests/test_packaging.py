@@ -157,3 +157,72 @@ def test_the_output_filter_keeps_stored_notebooks_and_strips_a_run() -> None:
     assert strip("{ not json") == "{ not json"
     assert "filter=strip-outputs" in (ROOT / ".gitattributes").read_text()
     assert "filter.strip-outputs.clean" in (ROOT / "Makefile").read_text()
+
+
+# --- README facts that cannot drift: numbers and names checked against the code -------------
+
+WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+PUBLISHED = re.compile(r"127\.0\.0\.1:\$\{(\w+):-(\d+)\}:\d+")
+
+
+def _readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def _section(text: str, name: str) -> str:
+    return text.split(f"<!-- {name}:start -->")[1].split(f"<!-- {name}:end -->")[0]
+
+
+def _number(text: str) -> int:
+    assert text.isdigit() or text in WORDS, f"write {text!r} in digits"
+    return int(text) if text.isdigit() else WORDS[text]
+
+
+def test_the_readme_counts_and_lists_every_finding() -> None:
+    from tenantlab.experiments import REGISTRY
+
+    readme = _readme()
+    counts = re.findall(r"runs all (\w+)\s+findings", readme)
+    assert counts and all(_number(n) == len(REGISTRY) for n in counts), counts
+    matrix = re.findall(r"^\| `([\w-]+)` \|", _section(readme, "findings-matrix"), re.M)
+    assert sorted(matrix) == sorted(REGISTRY), "regenerate the matrix (tools/findings_matrix.py)"
+    notebooks = readme.split("## The notebooks")[1].split("\n\n")[1]
+    assert [i for i in REGISTRY if f"`{i}`" not in notebooks] == []
+    timed = re.findall(r"^\| (\d\d) ", _section(readme, "notebook-timings"), re.M)
+    assert timed == sorted(p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
+
+
+def test_the_readme_states_the_ports_compose_publishes() -> None:
+    from tenantlab import cli
+
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    published = {}
+    for service in services.values():
+        for port in service.get("ports", []):
+            match = PUBLISHED.fullmatch(port)
+            assert match, f"{port}: publish as 127.0.0.1:${{VARIABLE:-default}}:port"
+            published[match[1]] = match[2]
+    readme = _readme()
+    said = re.search(r"All (\w+) published ports", readme)
+    assert said and _number(said[1]) == len(published), (said, published)
+    for variable, port in published.items():
+        assert f"on {port}\n(`{variable}`)" in readme or f"on {port} (`{variable}`)" in \
+            readme.replace("\n", " "), f"the README does not say {variable} defaults to {port}"
+    assert str(DEFAULT_PORT) in readme
+    # Compose's JupyterLab and `make lab` on one port: the README must say they collide.
+    lab = cli.parser().parse_args(["lab"]).port
+    collide = published["TENANTLAB_LAB_PORT"] == str(lab)
+    assert (f"{lab} is also `make lab`'s default" in readme.replace("\n", " ")) == collide
+
+
+def test_the_readme_lists_every_flag_of_the_server_commands() -> None:
+    import argparse
+
+    from tenantlab import cli
+
+    block = _readme().split("## The command line")[1].split("```")[1]
+    sub = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {opt}" for name in ("up", "down", "status", "lab", "uninstall", "reproduce")
+               for action in sub.choices[name]._actions for opt in action.option_strings
+               if opt.startswith("--") and opt != "--help" and opt not in block]
+    assert missing == [], "document these flags in the README's command line"

@@ -32,6 +32,14 @@ def test_the_readme_lists_every_variable() -> None:
     assert "mamba env create -f environment.yml" in readme  # environment.yml is documented
 
 
+def test_the_readme_lists_every_variable_the_compose_file_reads() -> None:
+    readme = (ROOT / "README.md").read_text()
+    names = set(re.findall(r"\$\{(\w+)", (ROOT / "docker-compose.yml").read_text()))
+    assert {"POSTGRES_PASSWORD", "TENANTLAB_LAB_PORT", "JUPYTER_TOKEN"} <= names
+    missing = [n for n in sorted(names) if f"`{n}`" not in readme and f"`{n}=" not in readme]
+    assert missing == []
+
+
 def test_a_bare_database_url_needs_to_be_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TENANTLAB_DATABASE_URL", raising=False)
     monkeypatch.delenv("TENANTLAB_USE_DATABASE_URL", raising=False)

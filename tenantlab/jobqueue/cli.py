@@ -11,7 +11,8 @@ Exit statuses: 0 stopped; 1 crashed (a bug: traceback); 2 bad configuration, one
 (a malformed DSN, a failed login, a missing database, a server not reachable at start, the
 schema missing or behind, a missing grant, a handlers module that fails to import, no handlers);
 3 lost the server for longer than ``--max-outage`` (a server that was reachable and went away:
-the worker reconnects until then); 130 stopped at once by a second signal.
+the worker reconnects until then; one that then refuses the login or has lost the database
+is 2); 130 stopped at once by a second signal.
 Signals: the first SIGTERM (or SIGINT) stops a worker after its current job or batch; a second
 one stops it at once (its job is rolled back, and retried, counted, once its lease runs out).
 """
@@ -33,8 +34,8 @@ from . import worker as w
 from .handlers import Handlers
 from .handlers import handlers as default_handlers
 from .jobs import ConfigError, JobQueueError
-from .options import WorkerOptions, add_flags, count, from_args, seconds
-from .preflight import connect, connect_checked, one_line, preflight
+from .options import Parser, WorkerOptions, add_flags, count, from_args, seconds
+from .preflight import check_dsn, connect, connect_checked, diagnose, one_line, preflight, refused_login
 from .reaper import Reaper, ReaperConfig, prune
 
 PROG = f"python -m {__package__}"
@@ -78,8 +79,8 @@ def load_handlers(spec: str | None) -> Handlers:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=PROG, description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="log every job (any position)")
     p.add_argument(DEBUG, action="store_true",
                    help="show a traceback for configuration errors too (any position)")
@@ -176,6 +177,8 @@ def run_reaper(dsn: str, config: ReaperConfig, *, max_outage: float | None = Non
                 outage.ok()
                 total += Reaper(conn, config, events).run_forever(stop=lambda: flag.stopped)
         except w.LOST as e:
+            if refused_login(e):  # a password or a database changed since the start
+                raise ConfigError(diagnose(e)) from e
             outage.failed(e)
     return total
 
@@ -221,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dsn:
         p.error(f"--dsn is required (or set {DSN_ENV})")
     try:
+        # Where it was read, before anything connects: the flag's value, or the variable's.
+        check_dsn(args.dsn, "--dsn" if args.dsn != os.environ.get(DSN_ENV) else DSN_ENV)
         return int(args.func(args))
     except ConfigError as e:
         if debug:

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .jobs import ConfigError
+from .jobs import MAX_COUNT, ConfigError
 
 POLICIES = ("round-robin", "limit=N")
 _LIMIT = re.compile(r"^limit=(\d+)$")
@@ -39,9 +39,10 @@ class Fair:
         if text == "round-robin":
             return cls("round-robin")
         m = _LIMIT.match(text)
-        if m and int(m.group(1)) >= 1:
+        if m and 1 <= int(m.group(1)) <= MAX_COUNT:
             return cls("limit", int(m.group(1)))
-        raise ConfigError(f"fair must be one of {', '.join(POLICIES)} (N >= 1), not {text!r}")
+        raise ConfigError(f"fair must be one of {', '.join(POLICIES)} (1 <= N <= {MAX_COUNT:,}), "
+                          f"not {text!r}")
 
     @property
     def query(self) -> str:

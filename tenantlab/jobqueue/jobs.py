@@ -18,6 +18,11 @@ Status = Literal["done", "failed", "queued", "dead", "fenced"]
 CONNECT: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
                            "keepalives_count": 3, "connect_timeout": 10}
 
+#: The longest duration an option takes: about 31 years. Longer ones overflow PostgreSQL's
+#: timestamps once added to now (and would mean "never", which no option needs).
+MAX_SECONDS = 1_000_000_000
+#: The largest count an option takes unless it says otherwise (counts land in int columns).
+MAX_COUNT = 1_000_000_000
 
 #: A tenant id: the type the schema was installed with (bigint/integer, uuid or text).
 TenantId = int | str | uuid.UUID

@@ -12,36 +12,50 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from .fair import Fair
 from .fair import flag as fair_flag
 from .heartbeat import AUTO, check, interval_for
-from .jobs import ConfigError
+from .jobs import MAX_COUNT, MAX_SECONDS, ConfigError
 
 
-def number(kind: type, what: str, *, zero: bool = False, unit: str = "") -> Callable[[str], Any]:
-    """Return an argparse type that accepts a positive number (or 0) and says what is valid."""
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line: what is wrong, and where help is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def number(kind: type, what: str, *, zero: bool = False, unit: str = "",
+           most: float | None = None) -> Callable[[str], Any]:
+    """Return an argparse type that accepts a finite positive number (or 0) up to `most`."""
     whole = "whole " if kind is int else ""
     valid = f"{what} must be {'0 or ' if zero else ''}a positive {whole}number{unit}"
+    most = (MAX_SECONDS if unit else MAX_COUNT) if most is None else most
 
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{valid}, not {text!r}") from None
-        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{valid}, not {text!r} (not a finite number)")
+        if value < 0 or (value == 0 and not zero):
             raise argparse.ArgumentTypeError(f"{valid}, not {text!r}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{what} must be at most {most:,}{unit.removeprefix(' of')}, "
+                                             f"not {text!r}")
         return value
     return parse
 
 
-def seconds(what: str, *, zero: bool = False) -> Callable[[str], Any]:
-    return number(float, what, zero=zero, unit=" of seconds")
+def seconds(what: str, *, zero: bool = False, most: float | None = None) -> Callable[[str], Any]:
+    return number(float, what, zero=zero, unit=" of seconds", most=most)
 
 
-def count(what: str) -> Callable[[str], Any]:
-    return number(int, what)
+def count(what: str, *, most: int | None = None) -> Callable[[str], Any]:
+    return number(int, what, most=most)
 
 
 def option(default: Any, help: str, *, parse: Callable[[str], Any] | None = None,
@@ -92,6 +106,11 @@ class WorkerOptions:
         parse=fair_flag)
 
     def __post_init__(self) -> None:
+        for name in ("lease", "backoff", "heartbeat", "max_runtime", "poll", "max_outage"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value <= MAX_SECONDS):
+                raise ConfigError(f"{name.replace('_', '-')} must be a finite number of seconds "
+                                  f"up to {MAX_SECONDS:,}, not {value}")
         if not self.lease > 0:
             raise ConfigError(f"lease must be a positive number of seconds, not {self.lease}")
         if self.backoff < 0:

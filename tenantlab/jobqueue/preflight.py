@@ -21,6 +21,7 @@ import re
 import time
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from . import migrations
 from .jobs import CONNECT, ConfigError
@@ -91,17 +92,46 @@ def _connect(dsn: str, name: str) -> psycopg.Connection:
                           ) from e
 
 
-def diagnose(error: psycopg.OperationalError) -> str:
-    """Return one line naming why a first connection failed and what to change."""
+def check_dsn(dsn: str, source: str = "the DSN") -> str:
+    """Return `dsn` when libpq can parse it; else raise ConfigError naming `source` (a flag or
+    a variable) and the two forms a DSN takes. Nothing is connected to."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as e:
+        raise ConfigError(f"{source} is not a PostgreSQL connection string ({one_line(e)}): "
+                          "write postgresql://USER@HOST:PORT/DBNAME or "
+                          "'host=... dbname=... user=...'") from None
+    return dsn
+
+
+def refused_login(error: BaseException) -> str | None:
+    """Return why a connection was refused for its configuration (a failed login, no such
+    database, no CONNECT grant) as "login", "database" or "privilege"; None otherwise (the
+    server unreachable or going away: maybe an outage)."""
+    if not isinstance(error, psycopg.OperationalError):
+        return None
     state = error.sqlstate or error.diag.sqlstate
-    text = one_line(error).removeprefix("connection failed: ")
+    text = one_line(error)
     if state in AUTH_STATES or (state is None and _AUTH.search(text)):
+        return "login"
+    if state == NO_DATABASE or (state is None and _NO_DATABASE.search(text)):
+        return "database"
+    if state == PRIVILEGE or (state is None and _PRIVILEGE.search(text)):
+        return "privilege"
+    return None
+
+
+def diagnose(error: psycopg.Error) -> str:
+    """Return one line naming why a first connection failed and what to change."""
+    refused = refused_login(error)
+    text = one_line(error).removeprefix("connection failed: ")
+    if refused == "login":
         return (f"cannot log in ({text}): check the user and password in the DSN "
                 "(or PGPASSWORD, ~/.pgpass) and that pg_hba.conf lets this role in")
-    if state == NO_DATABASE or (state is None and _NO_DATABASE.search(text)):
+    if refused == "database":
         return (f"no such database ({text}): check the database name in the DSN; a new "
                 "database needs the queue's migrations (`migrate`) before workers start")
-    if state == PRIVILEGE or (state is None and _PRIVILEGE.search(text)):
+    if refused == "privilege":
         return (f"the role may not connect ({text}): grant connect on the database to it")
     # Never reached is not an outage: only a server that was reachable and went away is.
     return (f"cannot reach the server ({text}): check the host and port in the DSN, and that "

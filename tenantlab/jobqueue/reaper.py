@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .jobs import ConfigError, Events, NullEvents
+from .jobs import MAX_SECONDS, ConfigError, Events, NullEvents
 from .queries import q
 
 APP = (__package__ or "jobqueue").split(".")[0]
@@ -44,8 +44,9 @@ class ReaperConfig:
     def __post_init__(self) -> None:
         if self.batch < 1:
             raise ConfigError(f"batch must be at least 1, not {self.batch}")
-        if self.grace < 0 or self.interval <= 0:
-            raise ConfigError("grace must be >= 0 and interval > 0 seconds")
+        if not (0 <= self.grace <= MAX_SECONDS and 0 < self.interval <= MAX_SECONDS):
+            raise ConfigError(f"grace must be from 0 and interval above 0, both finite seconds "
+                              f"up to {MAX_SECONDS:,}")
 
 
 class Reaper:
@@ -91,8 +92,9 @@ def prune(conn: psycopg.Connection, older_than: float, *, batch: int = 1000,
     Each batch is its own short transaction (no long lock, no long-held horizon). Returns how
     many rows of each table went.
     """
-    if older_than < 0 or batch < 1:
-        raise ConfigError("prune needs an age of 0 or more seconds and a batch of at least 1")
+    if not 0 <= older_than <= MAX_SECONDS or batch < 1:
+        raise ConfigError(f"prune needs an age of 0 to {MAX_SECONDS:,} seconds and a batch "
+                          "of at least 1")
     gone = {"jobs": 0, "job_runs": 0}
     for table, query in (("jobs", "prune_jobs"), ("job_runs", "prune_runs")):
         while not (stop and stop()):

@@ -33,7 +33,7 @@ from .handlers import Handlers
 from .jobs import Claim, ConfigError, Events, JobQueueError, NullEvents, Outcome, error_text
 from .leased import Leased, broken
 from .options import WorkerOptions
-from .preflight import connect, preflight
+from .preflight import connect, diagnose, preflight, refused_login
 from .queries import q
 
 APP = (__package__ or "jobqueue").split(".")[0]
@@ -137,6 +137,10 @@ class Worker:
                 except LOST as e:
                     if self.stopping:
                         break
+                    if refused_login(e):
+                        # Refused, not cut off (the password or the database changed since the
+                        # start): reconnecting for ever would never help.
+                        raise ConfigError(diagnose(e)) from e
                     self.outage.failed(e)
         finally:
             close = getattr(self.queue, "close", None)
