@@ -22,6 +22,7 @@ each group's backlog and how long its oldest queued job has waited so far.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -108,7 +109,7 @@ def _drain(s: db.Scratch, k: Knobs, policy: str,
         for arrival in ARRIVALS:
             watch.execute(q("reset_queue"))
             out[arrival] = _arrive(k, policy, arrival, conn, watch, alive,
-                                   lambda t, rows, a=arrival: sample(policy, a, t, rows))
+                                   functools.partial(sample, policy, arrival))
     return out
 
 
@@ -204,7 +205,8 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
             last[0] = time.monotonic()
             live.update(pd.DataFrame(samples))
 
-    parts, by_arrival = [], {a: {} for a in ARRIVALS}
+    parts: list[pd.DataFrame] = []
+    by_arrival: dict[str, dict[str, Any]] = {a: {} for a in ARRIVALS}
     with db.scratch("noisy-neighbour") as s:
         for policy in k.policies():
             for arrival, got in _drain(s, k, policy, sample).items():
