@@ -72,6 +72,11 @@ select tenant_id = %(noisy)s as noisy,
   from jobs
  group by 1;
 
+-- Run by the noisy-neighbour experiment right after it queued everything in one transaction:
+-- the server's clock at the commit, from when those jobs could be claimed.
+-- name: server_clock
+select extract(epoch from clock_timestamp())::float8 as now;
+
 -- Run by the noisy-neighbour experiment at the end: each job's enqueue, first start and
 -- finish (epoch seconds, server clock) and how many executions it had.
 -- name: job_waits
