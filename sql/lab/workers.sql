@@ -119,20 +119,28 @@ select count(*) as waiting
    and state = 'idle' and query <> '';
 
 -- Run by the workers experiment's re-check demonstration, never by a worker: the production
--- claim (FOR UPDATE SKIP LOCKED) with a pause after its snapshot, before it reads a row. A job
--- claimed and committed by another worker during the pause is still queued in this snapshot:
--- the claim locks the job's newest version to re-check it, finds it taken, skips it, and keeps
--- that lock until it commits. The job's finish waits for that commit.
--- name: claim_skip_paused
+-- claim (FOR UPDATE SKIP LOCKED) that, after its snapshot and before it locks a row, waits for
+-- an advisory lock the experiment holds. A job claimed and committed by another worker
+-- meanwhile is still queued in this snapshot: the claim locks the job's newest version to
+-- re-check it, finds it taken, skips it, and keeps that lock until it commits. The job's finish
+-- waits for that commit.
+-- name: claim_skip_held
 update jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
  where id = any(array(select id from claimable
                        where kind = any(%(kinds)s::text[])
-                         and (select pg_sleep(%(pause)s)) is not null
+                         and (select pg_advisory_xact_lock(%(key)s)) is not null
                        order by claimable_at, id limit 1
                        for update skip locked))
 returning id;
+
+-- Run by the re-check demonstration as admin: hold, and release, the lock that claim waits for.
+-- name: recheck_hold
+select pg_advisory_lock(%(key)s);
+
+-- name: recheck_release
+select pg_advisory_unlock(%(key)s);
 
 -- Run by the re-check demonstration as admin: is this backend waiting on a lock, and whose?
 -- name: lock_wait_of

@@ -13,8 +13,9 @@ of the session holding the lock (``pg_blocking_pids``): with SKIP LOCKED no clai
 waits left are finishes on a claim's *re-check lock*. A claim whose snapshot was taken before
 another worker claimed and committed a job still sees that job queued: it locks the job's newest
 version to re-check it, finds it taken, skips it, and keeps that lock until its own claim
-commits; the job's finish waits for it. A last step shows that lock on two connections, with the
-claim paused after its snapshot, and without the pause (no wait).
+commits; the job's finish waits for it. A last step shows that lock on two connections, the
+claim held after its snapshot until the other claim committed, and the claim started after that
+commit (no wait).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ GAIN = 1.25  # the curve has bent where doubling the workers adds less than this
 BELOW = 1 / 3
 #: Who waits on whom, as the sampler names it: ``waiter on blocker``.
 PAIRS = ("finish on claim", "claim on claim", "other")
+RECHECK_KEY = 0x7E4A4C  # the advisory lock the re-check demonstration's claim waits for
 
 
 @dataclass(frozen=True)
@@ -162,19 +164,22 @@ def pair(raw: str) -> str:
     return raw if raw in PAIRS else "other"
 
 
-def recheck_lock(s: db.Scratch, pause: float = 0.5) -> dict[str, Any]:
+def recheck_lock(s: db.Scratch) -> dict[str, Any]:
     """Show the re-check lock on two connections; return who waited on whom.
 
-    B's claim (``claim_skip_paused``) takes its snapshot, then pauses; meanwhile A claims job 1
-    and commits. B's claim re-checks job 1, skips it, claims job 2 and stays uncommitted: A's
-    finish of job 1 waits on B. The control: B's claim starts after A's commit, so job 1 is
-    not claimable in its snapshot and A's finish does not wait.
+    B's claim (``claim_skip_held``) takes its snapshot, then waits for an advisory lock the
+    experiment holds; meanwhile A claims job 1 and commits. Released, B's claim re-checks job 1,
+    skips it, claims job 2 and stays uncommitted: A's finish of job 1 waits on B. The control:
+    B's claim starts after A's commit, so job 1 is not claimable in its snapshot and A's finish
+    does not wait. The lock, not a sleep, orders the steps: a busy machine cannot reorder them.
     """
-    return {"recheck": _recheck_case(s, pause), "control": _recheck_case(s, None)}
+    return {"recheck": _recheck_case(s, held=True), "control": _recheck_case(s, held=False)}
 
 
-def _recheck_case(s: db.Scratch, pause: float | None) -> dict[str, Any]:
-    """Run A's claim inside B's paused claim (`pause`), or before B's (None); then A's finish."""
+def _recheck_case(s: db.Scratch, *, held: bool) -> dict[str, Any]:
+    """Run A's claim while B's claim waits after its snapshot (`held`), or before it; then A's
+    finish, watched from admin."""
+    key = {"key": RECHECK_KEY}
     with s.connect("admin", "recheck", autocommit=True) as admin:
         admin.execute(q("reset_queue"))
         with s.connect("worker", "recheck enqueue", autocommit=True) as conn:
@@ -182,24 +187,30 @@ def _recheck_case(s: db.Scratch, pause: float | None) -> dict[str, Any]:
         design = queue.Leased(backoff=0)
         with s.connect("worker", "recheck A", autocommit=True) as a, \
                 s.connect("worker", "recheck B") as b:
-            params = {"lease": 30, "kinds": ["noop"], "pause": pause or 0}
+            b_pid = b.info.backend_pid
             got: dict[str, Any] = {}
 
             def b_claims() -> None:
-                got["rows"] = b.execute(q("claim_skip_paused"), params).fetchall()
+                got["rows"] = b.execute(q("claim_skip_held"),
+                                        {"lease": 30, "kinds": ["noop"], **key}).fetchall()
 
-            paused = threading.Thread(target=b_claims)
-            if pause is not None:
-                paused.start()
-                time.sleep(pause / 3)  # B's snapshot is taken: A claims within the pause
-            claim = design.claim(a, worker="A")
-            if pause is None:
-                paused.start()
-            paused.join()
+            claiming = threading.Thread(target=b_claims)
+            if held:
+                admin.execute(q("recheck_hold"), key)
+                try:
+                    claiming.start()
+                    _until_waiting(admin, b_pid)  # B's snapshot is taken: it waits for the lock
+                    claim = design.claim(a, worker="A")
+                finally:
+                    admin.execute(q("recheck_release"), key)
+            else:
+                claim = design.claim(a, worker="A")
+                claiming.start()
+            claiming.join()
             if claim is None:
                 raise RuntimeError("the re-check demonstration: A claimed nothing")
             # A's finish in a thread of its own; admin looks whether it waits, and on whom.
-            a.execute(q("lock_timeout"), {"timeout": "5s"})
+            a.execute(q("lock_timeout"), {"timeout": "10s"})
             done: dict[str, Any] = {}
 
             def a_finishes() -> None:
@@ -208,20 +219,28 @@ def _recheck_case(s: db.Scratch, pause: float | None) -> dict[str, Any]:
             finish = threading.Thread(target=a_finishes)
             finish.start()
             seen: tuple[Any, ...] | None = None
-            deadline = time.monotonic() + 1.0
+            deadline = time.monotonic() + 2.0
             while finish.is_alive() and time.monotonic() < deadline:
                 row = admin.execute(q("lock_wait_of"), {"pid": a.info.backend_pid}).fetchone()
                 if row and row[0]:
                     seen = tuple(row)
                     break
                 time.sleep(0.02)
-            b_pid = b.info.backend_pid
             b.commit()  # B's claim commits: its lock on job 1 goes
             finish.join()
     return {"a_claimed": claim.id, "b_claimed": [r[0] for r in got.get("rows", [])],
             "finish_waited": seen is not None, "wait_event": seen[1] if seen else None,
             "blocked_by_b": seen is not None and b_pid in (seen[2] or []),
             "finish": done.get("status")}
+
+
+def _until_waiting(admin: Any, pid: int, timeout: float = 30.0) -> None:
+    """Return once backend `pid` waits on a lock."""
+    deadline = time.monotonic() + timeout
+    while not (admin.execute(q("lock_wait_of"), {"pid": pid}).fetchone() or [False])[0]:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the re-check demonstration: B's claim never waited")
+        time.sleep(0.01)
 
 
 def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
