@@ -85,6 +85,9 @@ def test_pgbouncer_finding_through_a_real_pooler(admin_dsn: str) -> None:
     assert m["local_form"] == {**m["local_form"], "reads": 60, "wrong_tenant_reads": 0}
     ps = m["prepared_statements"]
     assert ps["default_failed_at"] is not None and "prepare_threshold=None" in ps["fixed_by"]
+    # Every job of the probe ran: how often the prepared statement failed, not only the first.
+    assert ps["default_failed_jobs"][0] == ps["default_failed_at"]
+    assert 1 <= ps["default_failed"] == len(ps["default_failed_jobs"]) < ps["default_jobs"]
     assert m["advisory_lock_crossed"] is True
     assert m["advisory_lock"]["b_other_server_got_lock"] is False
     assert m["listen_through_pooler_works"] is False and m["listen_direct_works"] is True
@@ -173,3 +176,12 @@ def test_notebook_12_runs_top_to_bottom(admin_dsn: str) -> None:
     _, text = run_clean("12-pgbouncer-transaction-mode.ipynb", admin_dsn)
     assert "✓ as the expectation says" in text and "✗ NOT" not in text
     _no_pgbouncer_left()
+
+
+def test_prepared_failures_say_how_often_and_first_when() -> None:
+    ps = {"default_failed_at": 12, "default_failed": 2, "default_jobs": 40,
+          "default_failed_jobs": [12, 24]}
+    assert finding.prepared_failures(ps) == "failed 2 of 40 jobs (jobs 12, 24), first at job 12"
+    assert finding.prepared_failures({"default_failed_at": None}) == "no job failed"
+    # A run stored before every job ran: only the first failure is known.
+    assert finding.prepared_failures({"default_failed_at": 12}) == "failed at job 12"

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from notebooks import run_clean
-from tenantlab import db
+from tenantlab import db, finding
 from tenantlab.experiments import _cluster, _netns, _tcp, vanish
 from tenantlab.netproxy import Proxy
 
@@ -98,6 +98,8 @@ def test_vanished_worker_holds_the_horizon_is_taken_over_and_fenced(admin_dsn: s
     # Through the proxy the server's keepalives notice nothing; the session timer does.
     assert m["proxy"]["server_noticed_through_proxy"] is False
     assert m["server_noticed_s"][vanish.IDLE_TIMEOUT] is not None
+    # That timer starts at the session's last statement, before the cut: read on the server.
+    assert m["idle_timeout_after_last_statement_s"] is not None
     f = m["sigstop"]
     assert f["late_finish_fenced"] and f["outside_executions"] == 2 and not f["server_noticed"]
     assert f["late_call_after_owner_s"] is not None and f["late_call_after_owner_s"] > 0
@@ -115,8 +117,9 @@ def test_vanished_worker_holds_the_horizon_is_taken_over_and_fenced(admin_dsn: s
         assert all(noticed[n] is None for n in names)  # never faked
     assert noticed["kernel defaults"] is None  # computed, never waited for
     # Behaviour, not timing: every check but those comparing a time with its setting.
-    untimed = [c for c in res.verdict.checks if c.name not in vanish.TIMED]
+    untimed = [c for c in res.verdict.checks if not c.timing]
     assert all(c.ok for c in untimed), res.verdict.line()
+    assert {c.name for c in res.verdict.checks if c.timing} <= set(vanish.TIMED)
     assert vanish.judge(m, res.knobs) == res.verdict  # a verdict from the measured values alone
     assert len(vanish.script(res, "proxy")) >= 6
     assert_nothing_left(admin_dsn)
@@ -156,3 +159,26 @@ def test_notebook_10_runs_top_to_bottom(admin_dsn: str) -> None:
     nb, text = run_clean("10-a-worker-vanishes.ipynb", admin_dsn)
     assert text.count("✓ as the expectation says") >= 2, text[-3000:]
     assert_nothing_left(admin_dsn)
+
+
+def test_idle_timeout_is_judged_from_the_last_statement() -> None:
+    m = {"settings": {"idle_timeout": 2.0, "lease": 2.0, "heartbeat": 0.5, "vanished_for": 5.0},
+         "server_noticed_s": {vanish.IDLE_TIMEOUT: 1.72}, "packets_dropped": vanish.NOT_RUN,
+         "idle_timeout_after_last_statement_s": 2.01, "idle_timeout_resolution_s": 0.03,
+         "proxy": {"server_noticed_through_proxy": False}, "held_locks_while_vanished": True,
+         "horizon_held": True, "taken_over_after_s": 2.1, "late_finish_fenced": True,
+         "outside_executions": 2}
+
+    def idle(measured: dict) -> finding.Check:
+        return next(c for c in vanish.judge(measured).checks if c.name == vanish.IDLE_TIMEOUT)
+
+    c = idle(m)
+    assert c.ok and c.timing and c.expected == "ends it 2 s after its last statement"
+    assert c.measured.startswith("2.01 s after its last statement") and "1.7 s after the cut" \
+        in c.measured
+    # Ended before its setting, or never: the check fails.
+    assert not idle({**m, "idle_timeout_after_last_statement_s": 1.5}).ok
+    assert not idle({**m, "idle_timeout_after_last_statement_s": None}).ok
+    # A run stored before the last statement was read is judged from the cut, and says so.
+    old = {k: v for k, v in m.items() if not k.startswith("idle_timeout_")}
+    assert idle(old).ok and idle(old).expected == "ends it within 2 s of the cut"

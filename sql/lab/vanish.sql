@@ -15,6 +15,14 @@ select pid, state, backend_xid::text as backend_xid,
   from pg_stat_activity a
  where pid = any(%(pids)s::int[]);
 
+-- Run by the vanish experiment as admin every 20 ms while a silent session waits for its
+-- idle_in_transaction_session_timeout: the server's clock, and the session's last statement
+-- (state_change; null once the backend has ended). Both on the server's clock.
+-- name: vanish_state_change
+select extract(epoch from clock_timestamp())::float8 as now,
+       (select extract(epoch from state_change)::float8
+          from pg_stat_activity where pid = %(pid)s) as state_change;
+
 -- Run by the vanish experiment as admin, inside a transaction it rolls back: can a migration
 -- take the table the vanished job wrote to (job_writes) now? Fails with lock_not_available
 -- while a vanished worker's transaction still holds its lock on the table.

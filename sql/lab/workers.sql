@@ -20,15 +20,38 @@ returning id, tenant_id, attempts as attempt, kind, payload;
 -- sessions are doing now. `RowLock` = queued behind another transaction's row lock; `Lock` =
 -- another heavyweight lock (extending a table, say); `CPU` = running, waiting on nothing;
 -- `Client` = waiting for the worker process; `IO` (the WAL flush at commit), `LWLock` = the server.
+-- For a session waiting on a lock, which statement waits (`waiter`) and on which (`blocker`,
+-- the statement of the session pg_blocking_pids names): `claim` (a claim: `for update`),
+-- `finish` (the fenced finish with its job_runs row), `other`; `gone` when the blocker let go
+-- between the two reads. pg_blocking_pids runs only for the waiting sessions.
 -- name: worker_sessions
-select case when wait_event_type = 'Lock' and wait_event in ('transactionid', 'tuple')
-            then 'RowLock'
-            else coalesce(wait_event_type, case when state = 'active' then 'CPU' else 'idle' end)
-       end as what,
-       count(*) as sessions
-  from pg_stat_activity
- where datname = current_database() and application_name like %(like)s
- group by 1;
+with sessions as (
+  select pid, query,
+         case when wait_event_type = 'Lock' and wait_event in ('transactionid', 'tuple')
+              then 'RowLock'
+              else coalesce(wait_event_type, case when state = 'active' then 'CPU' else 'idle' end)
+         end as what
+    from pg_stat_activity
+   where datname = current_database() and application_name like %(like)s
+), kinds as (
+  select s.what,
+         case when s.what in ('RowLock', 'Lock') then
+           case when s.query ilike '%%for update%%' then 'claim'
+                when s.query ilike '%%job_runs%%' then 'finish' else 'other' end
+         end as waiter,
+         case when s.what in ('RowLock', 'Lock') then
+           coalesce((select string_agg(distinct
+                              case when b.query ilike '%%for update%%' then 'claim'
+                                   when b.query ilike '%%job_runs%%' then 'finish'
+                                   else 'other' end, '+')
+                       from pg_stat_activity b where b.pid = any(pg_blocking_pids(s.pid))),
+                    'gone')
+         end as blocker
+    from sessions s
+)
+select what, waiter, blocker, count(*) as sessions
+  from kinds
+ group by 1, 2, 3;
 
 -- Run by both experiments at the end: every execution a job had (job_runs), so a job run
 -- twice shows up, whatever the jobs table says.
@@ -48,6 +71,11 @@ select tenant_id = %(noisy)s as noisy,
        count(*) as jobs
   from jobs
  group by 1;
+
+-- Run by the noisy-neighbour experiment right after it queued everything in one transaction:
+-- the server's clock at the commit, from when those jobs could be claimed.
+-- name: server_clock
+select extract(epoch from clock_timestamp())::float8 as now;
 
 -- Run by the noisy-neighbour experiment at the end: each job's enqueue, first start and
 -- finish (epoch seconds, server clock) and how many executions it had.
@@ -89,3 +117,37 @@ select count(*) as waiting
   from pg_stat_activity
  where datname = current_database() and application_name like %(like)s
    and state = 'idle' and query <> '';
+
+-- Run by the workers experiment's re-check demonstration, never by a worker: the production
+-- claim (FOR UPDATE SKIP LOCKED) that, after its snapshot and before it locks a row, waits for
+-- an advisory lock the experiment holds. A job claimed and committed by another worker
+-- meanwhile is still queued in this snapshot: the claim locks the job's newest version to
+-- re-check it, finds it taken, skips it, and keeps that lock until it commits. The job's finish
+-- waits for that commit.
+-- name: claim_skip_held
+update jobs
+   set status = 'running', attempts = attempts + 1,
+       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
+ where id = any(array(select id from claimable
+                       where kind = any(%(kinds)s::text[])
+                         and (select pg_advisory_xact_lock(%(key)s)) is not null
+                       order by claimable_at, id limit 1
+                       for update skip locked))
+returning id;
+
+-- Run by the re-check demonstration as admin: hold, and release, the lock that claim waits for.
+-- name: recheck_hold
+select pg_advisory_lock(%(key)s);
+
+-- name: recheck_release
+select pg_advisory_unlock(%(key)s);
+
+-- Run by the re-check demonstration as admin: is this backend waiting on a lock, and whose?
+-- name: lock_wait_of
+select wait_event_type = 'Lock' as waiting, wait_event, pg_blocking_pids(pid) as blockers
+  from pg_stat_activity
+ where pid = %(pid)s;
+
+-- Run by the re-check demonstration on worker A's connection: a bound on its finish's wait.
+-- name: lock_timeout
+select set_config('lock_timeout', %(timeout)s, false);

@@ -152,8 +152,14 @@ def noticed(res: Result) -> pd.DataFrame:
             continue
         tcp = setting != vanish.IDLE_TIMEOUT
         client = m["worker_noticed_s"].get(setting)
+        server = text(setting, s, dropped or not tcp)
+        since = m.get("idle_timeout_after_last_statement_s")
+        if not tcp and s is not None and since is not None:
+            # This timer starts at the session's last statement, before the cut.
+            server = (f"{since:.2f} s after its last statement ({s:.2f} s after the cut, "
+                      f"sampled every 0.2 s)")
         rows.append({"setting": setting,
-                     "server noticed after": text(setting, s, dropped or not tcp),
+                     "server noticed after": server,
                      "worker noticed after": text(setting, client, dropped)
                      if "client" in setting else ""})
     for what, s in m["default_extrapolated_s"].items():

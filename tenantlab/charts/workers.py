@@ -57,7 +57,9 @@ def table(res: Result) -> Any:
     assert res.table is not None
     names = {"claim": "claim", "workers": "workers", "jobs_per_s": "jobs/s",
              "claim_ms_p50": "claim p50 (ms)", "claim_ms_p95": "claim p95 (ms)",
-             "share_rowlock": "time on row locks", "lock_wait_s": "lock wait (s)",
+             "share_rowlock": "time on row locks",
+             "share_finish_on_claim": "a finish on a claim",
+             "share_claim_on_claim": "a claim on a claim", "lock_wait_s": "lock wait (s)",
              "machine_cpu_busy": "CPU busy", "duplicates": "run twice"}
     # Short headers with spaces: they wrap, and the table fits a laptop's output area.
     shown = res.table.reset_index(drop=True)[[c for c in names if c in res.table.columns]]
@@ -76,3 +78,16 @@ def report_chart(m: dict[str, Any]) -> alt.Chart:
     rows += [{"claim": "plain FOR UPDATE", "what": f"{w} workers", "n": r}
              for w, r in m.get("plain_for_update", {}).get("jobs_per_s", {}).items()]
     return common.bars(rows, "claim", "what", "n")
+
+
+def recheck(res: Result) -> Any:
+    """Return the re-check lock's two runs: what B's claim took, whether A's finish waited on it."""
+    r = res.measured.get("recheck_lock", {})
+    words = {"recheck": "B's snapshot before A's claim (paused)",
+             "control": "B's claim after A's commit"}
+    rows = [{"B's claim": words[case], "A claimed job": f["a_claimed"],
+             "B claimed job": ", ".join(map(str, f["b_claimed"])) or "none",
+             "A's finish of its job": (f"waited on B ({f['wait_event']})" if f["blocked_by_b"]
+                                       else "waited" if f["finish_waited"] else "no wait"),
+             "then": f["finish"]} for case, f in r.items()]
+    return nb.table(pd.DataFrame(rows))

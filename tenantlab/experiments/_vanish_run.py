@@ -13,7 +13,10 @@ Worker B, direct, polls every 0.1 s and takes the job over once A's lease expire
 heartbeat cannot reach the server either). Meanwhile the server's view of A's backend is
 sampled every 0.2 s (state, xid, locks held), with the horizon monitor (tenantlab/monitor.py)
 and a migration's lock attempt; in the proxy run a second vanished session, with
-``idle_in_transaction_session_timeout`` set, shows that timer ending it.
+``idle_in_transaction_session_timeout`` set, shows that timer ending it: its last statement
+(``pg_stat_activity.state_change``) and the moment it is gone are read every 20 ms on the
+server's clock, so the timer is measured from where it starts, the last statement (about
+0.3 s before the cut), not from the cut.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from typing import Any
 
@@ -28,8 +32,8 @@ import pandas as pd
 import psycopg
 from psycopg.conninfo import make_conninfo
 
+from .. import db, monitor, outside, queue
 from .. import events as eventlog
-from .. import monitor, outside, queue
 from ..netproxy import Proxy
 from ..queries import q
 from ..settings import OUTSIDE
@@ -80,12 +84,13 @@ def vanish(how: str, *, lease: float, heartbeat: float, job: float, vanished_for
             a = _start(run, via, env, name="A", **opts)
             run.until(lambda: _first(eventlog.read(run.path), "A", "execute") is not None, 30)
             a_pid = _backend(run, "A")
-            holder = None
+            holder, ended = None, None
             try:
                 if how == "proxy":
                     # A second vanished session: the timer inside PostgreSQL that does end it.
                     holder = monitor.Holder(make_conninfo(via, options=None), "xid",
                                             idle_timeout=idle_timeout).open()
+                    ended = IdleEnd(run.scratch.admin, holder.pid, vanished_for + 5)
                 time.sleep(0.3)  # A is in its work now
                 if how == "proxy":
                     px.silence(vanished_for + 5)  # resumed below; the bound is for an interrupt
@@ -106,6 +111,8 @@ def vanish(how: str, *, lease: float, heartbeat: float, job: float, vanished_for
                 run.until(lambda: b.poll() is not None or _done(run), job + lease + 30)
                 run.stop(b)
             finally:
+                if ended is not None:
+                    ended.stop()
                 if holder is not None:
                     holder.release()
         with run.scratch.connect("admin", "vanish result", autocommit=True) as conn:
@@ -114,7 +121,50 @@ def vanish(how: str, *, lease: float, heartbeat: float, job: float, vanished_for
         evs = eventlog.read(run.path)
         calls = outside.read(outside_file)
     return _facts(how, evs, calls, runs, state, samples, blocked, gone_at, back_at, a_pid,
-                  holder_gone, px.connections)
+                  holder_gone, px.connections, ended.result() if ended else {})
+
+
+class IdleEnd:
+    """Watch one session until it ends: its last statement and its end, on the server's clock.
+
+    A thread polls every ``every`` seconds (``vanish_state_change``): while the backend is
+    there, its ``state_change`` (the end of its last statement); the first poll without it is
+    when it was gone. ``result()``: seconds from the last statement to the end, and the poll's
+    resolution (the end lies between the last poll that saw it and that first poll without it).
+    """
+
+    def __init__(self, admin_dsn: str, pid: int | None, bound: float, every: float = 0.02
+                 ) -> None:
+        self.pid, self.bound, self.every = pid, bound, every
+        self.last_statement: float | None = None
+        self.last_seen: float | None = None
+        self.gone: float | None = None
+        self._stop = threading.Event()
+        self._conn = db.connect(admin_dsn, "vanish idle end", autocommit=True)
+        self._thread = threading.Thread(target=self._poll, name="vanish-idle-end", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        deadline = time.monotonic() + self.bound
+        while not self._stop.is_set() and time.monotonic() < deadline and self.pid is not None:
+            row = self._conn.execute(q("vanish_state_change"), {"pid": self.pid}).fetchone()
+            now, changed = row if row else (None, None)
+            if changed is None:
+                self.gone = now
+                return
+            self.last_statement, self.last_seen = changed, now
+            self._stop.wait(self.every)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._conn.close()
+
+    def result(self) -> dict[str, float | None]:
+        if self.gone is None or self.last_statement is None or self.last_seen is None:
+            return {"after_last_statement_s": None, "resolution_s": None}
+        return {"after_last_statement_s": round(self.gone - self.last_statement, 3),
+                "resolution_s": round(self.gone - self.last_seen, 3)}
 
 
 def _done(run: WorkersRun) -> bool:
@@ -178,7 +228,7 @@ def _migration_blocked(run: WorkersRun) -> bool:
 def _facts(how: str, evs: list[dict[str, Any]], calls: list[dict[str, Any]], runs: list[Any],
            state: dict[str, Any], samples: list[dict[str, Any]], blocked: bool | None,
            gone_at: float, back_at: float, a_pid: int | None, holder_gone: float | None,
-           connections: int) -> dict[str, Any]:
+           connections: int, ended: dict[str, float | None]) -> dict[str, Any]:
     b_claim = _first(evs, "B", "claim")
     b_done = _first(evs, "B", "finish")
     a_fenced = _first(evs, "A", "fenced")
@@ -202,7 +252,11 @@ def _facts(how: str, evs: list[dict[str, Any]], calls: list[dict[str, Any]], run
         round(a_call["t"] - b_done["t"], 2),
         "back_after_s": round(back_at - gone_at, 2),
         "job_status": state["status"], "job_attempts": state["attempts"],
+        # From the cut (sampled every 0.2 s), and from the session's last statement, where the
+        # timer starts (polled every 20 ms on the server's clock).
         "idle_timeout_noticed_s": None if holder_gone is None else round(holder_gone, 2),
+        "idle_timeout_after_last_statement_s": ended.get("after_last_statement_s"),
+        "idle_timeout_resolution_s": ended.get("resolution_s"),
         "a_pid": a_pid, "proxied_connections": connections,
     }
     rel = [{**e, "t": e["t"] - gone_at} for e in evs]

@@ -34,10 +34,11 @@ from ._vanish_run import vanish
 CLAIM = ("A worker that vanishes mid-job (a network blackhole, a frozen process) after its "
          "handler wrote leaves its backend idle in transaction, holding its locks and the "
          "horizon, until a timer ends "
-         "it: hours with the kernel's defaults, seconds with keepalives, tcp_user_timeout or "
-         "idle_in_transaction_session_timeout; meanwhile the lease lets another worker take "
-         "the job, the vanished worker's late finish is fenced, and the outside world sees "
-         "two calls.")
+         "it: hours with the kernel's defaults, seconds after the cut with keepalives or "
+         "tcp_user_timeout, and idle_in_transaction_session_timeout its setting after the "
+         "session's last statement (2 s: 2.02 to 2.03 s, read on the server's clock); "
+         "meanwhile the lease lets another worker take the job, the vanished worker's late "
+         "finish is fenced, and the outside world sees two calls.")
 
 ARTICLE: dict[str, Any] = {
     "note": "not in the article: beyond it (the first failure a production team meets)",
@@ -178,10 +179,13 @@ def _measured(k: Knobs, runs: dict[str, dict[str, Any]], tcp: _tcp.Outcome | Non
         k.keepalive_idle, k.keepalive_interval, k.keepalive_count, k.user_timeout)}
     if tcp is not None:
         noticed.update(tcp.server_noticed_s)
-    noticed[IDLE_TIMEOUT] = proxy.get("idle_timeout_noticed_s")
+    noticed[IDLE_TIMEOUT] = proxy.get("idle_timeout_noticed_s")  # from the cut, like the others
     noticed["kernel defaults"] = None  # never waited for: see default_extrapolated_s
     m: dict[str, Any] = {
         "server_noticed_s": noticed,
+        # The idle timer starts at the session's last statement (state_change), not the cut.
+        "idle_timeout_after_last_statement_s": proxy.get("idle_timeout_after_last_statement_s"),
+        "idle_timeout_resolution_s": proxy.get("idle_timeout_resolution_s"),
         "held_locks_while_vanished": bool(main.get("held_locks")),
         "horizon_held": bool(main.get("horizon_held")),
         "taken_over_after_s": main.get("taken_over_after_s"),
@@ -251,9 +255,19 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
     noticed = measured["server_noticed_s"]
     iit = s.get("idle_timeout", k.idle_timeout)
     if IDLE_TIMEOUT in noticed and "proxy" in measured:
-        got = noticed[IDLE_TIMEOUT]
-        checks.append(check(IDLE_TIMEOUT, _within(got, iit + SLACK),
-                            f"ends it within {iit:g} s", _secs(got)))
+        got, cut = measured.get("idle_timeout_after_last_statement_s"), noticed[IDLE_TIMEOUT]
+        if got is not None or "idle_timeout_after_last_statement_s" in measured:
+            step = measured.get("idle_timeout_resolution_s") or 0.0
+            checks.append(check(
+                IDLE_TIMEOUT, got is not None and iit - step <= got <= iit + SLACK,
+                f"ends it {iit:g} s after its last statement",
+                "not noticed" if got is None else
+                f"{got:.2f} s after its last statement (to within {step:.2f} s; "
+                f"{_secs(cut)} after the cut)", timing=True))
+        else:  # a stored run from before the last statement was read: from the cut
+            checks.append(check(IDLE_TIMEOUT, _within(cut, iit + SLACK),
+                                f"ends it within {iit:g} s of the cut", _secs(cut),
+                                timing=True))
         through = measured["proxy"]["server_noticed_through_proxy"]
         checks.append(check("keepalives through a silent proxy", not through,
                             "notice nothing (its kernel answers)",
@@ -276,9 +290,9 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
         client = client_ka is None and client_ut is None
         checks += [
             check("server keepalives (packets dropped)", _within(server_ka, ka + SLACK),
-                  f"within {ka:g} s", _secs(server_ka)),
+                  f"within {ka:g} s of the cut", _secs(server_ka), timing=True),
             check("tcp_user_timeout, a result in flight", _within(in_flight, ut + SLACK),
-                  f"within {ut:g} s", _secs(in_flight)),
+                  f"within {ut:g} s of the cut", _secs(in_flight), timing=True),
             check("tcp_user_timeout alone, idle backend", idle_ut is None,
                   "not noticed (no data in flight)", _secs(idle_ut)),
             check("client-side settings tell the server", client,
@@ -305,7 +319,9 @@ def _summary(m: dict[str, Any]) -> str:
     return (f"backend {m.get('backend_state_while_vanished')}, locks held "
             f"{m['held_locks_while_vanished']}, horizon held {m['horizon_held']}; taken over "
             f"after {m['taken_over_after_s']} s, late finish fenced {m['late_finish_fenced']}, "
-            f"{m['outside_executions']} outside calls; server noticed: {timers}; kernel "
+            f"{m['outside_executions']} outside calls; server noticed (from the cut): {timers}; "
+            f"{IDLE_TIMEOUT} ended it "
+            f"{_secs(m.get('idle_timeout_after_last_statement_s'))} after its last statement; kernel "
             f"defaults (computed): " + ", ".join(f"{k} {v} s" for k, v in d.items()))
 
 
