@@ -272,7 +272,8 @@ def _validate(name: str, value: Any, default: Any, meta: dict[str, Any]) -> None
         items = value if isinstance(value, tuple) else (value,)
         wrong = [v for v in items if v not in allowed]
         if wrong:
-            raise KnobError(f"knob {name}: unknown value {wrong[0]!r}; valid: "
+            what = name[:-1] if isinstance(value, tuple) and name.endswith("s") else name
+            raise KnobError(f"unknown {what} {wrong[0]!r}; valid: "
                             f"{', '.join(str(a) for a in allowed)}")
 
 

@@ -64,10 +64,10 @@ class Knobs(finding.Knobs):
 
     ARTICLE_SETUP: ClassVar[bool] = False  # the article never ran this: judged on expectations
 
-    burst: int = knob(1000, full=6000, lo=500, hi=10000, step=500, label="burst (tenant 1)")
-    small_jobs: int = knob(1, full=3, lo=1, hi=5, label="jobs per small tenant")
-    workers: int = knob(4, lo=2, hi=8, label="workers")
-    limit: int = knob(1, lo=1, hi=4, label="limit=N (running jobs per tenant)")
+    burst: int = knob(1000, full=6000, at_least=1, lo=500, hi=10000, step=500, label="burst (tenant 1)")
+    small_jobs: int = knob(1, full=3, at_least=1, lo=1, hi=5, label="jobs per small tenant")
+    workers: int = knob(4, at_least=1, lo=2, hi=8, label="workers")
+    limit: int = knob(1, at_least=1, lo=1, hi=4, label="limit=N (running jobs per tenant)")
     job_ms: float = knob(0.0, lo=0.0, hi=20.0, step=1.0, label="job duration (ms)")
     policy: str = knob("all", choices=("all", *POLICIES), label="policy (FIFO always runs)")
 
@@ -193,11 +193,7 @@ def _stats(policy: str, waits: pd.DataFrame, duplicates: int) -> dict[str, Any]:
 
 def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
     """Drain the same burst once per policy with real worker processes; return the waits."""
-    k = knobs or Knobs()
-    if k.burst < 1 or k.small_jobs < 1 or k.workers < 1 or k.limit < 1 or k.job_ms < 0:
-        raise ValueError("burst, small_jobs, workers and limit must be at least 1, job_ms >= 0")
-    if k.policy not in ("all", *POLICIES):
-        raise ValueError(f"unknown policy {k.policy!r}; valid: all, {', '.join(POLICIES)}")
+    k = knobs or Knobs.sized()
     samples: list[dict[str, Any]] = []
     last = [0.0]
 

@@ -45,10 +45,10 @@ class Knobs(finding.Knobs):
 
     ARTICLE_SETUP: ClassVar[bool] = False  # the article never ran this: judged on expectations
 
-    pool_size: int = knob(2, lo=1, hi=6, label="server connections (pool size)")
-    processes: int = knob(2, lo=2, hi=5, label="worker processes")
-    reads: int = knob(100, full=400, lo=20, hi=400, step=20, label="reads by process B")
-    jobs: int = knob(300, full=2000, lo=50, hi=2000, step=50, label="jobs (corrected worker)")
+    pool_size: int = knob(2, at_least=1, lo=1, hi=6, label="server connections (pool size)")
+    processes: int = knob(2, at_least=2, lo=2, hi=5, label="worker processes")
+    reads: int = knob(100, full=400, at_least=1, lo=20, hi=400, step=20, label="reads by process B")
+    jobs: int = knob(300, full=2000, at_least=1, lo=50, hi=2000, step=50, label="jobs (corrected worker)")
 
 
 # --- part 1: the tenant context across processes -------------------------------------------
@@ -196,9 +196,7 @@ def corrected(s: db.Scratch, dsn: str, k: Knobs, workdir: Path, how: str) -> dic
 
 def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
     """Measure every part through a real PgBouncer; skip (never fake) when it is not installed."""
-    k = knobs or Knobs()
-    if k.pool_size < 1 or k.processes < 2 or k.reads < 1 or k.jobs < 1:
-        raise ValueError("pool_size, reads and jobs must be at least 1, processes at least 2")
+    k = knobs or Knobs.sized()
     if not pooler.installed():
         skipped: dict[str, Any] = {"pgbouncer_version": None, "skipped": pooler.INSTALL}
         return Result("pgbouncer", k, skipped, judge(skipped, k),

@@ -27,6 +27,7 @@ import pandas as pd
 
 from .. import finding
 from ..finding import Result, Verdict, check, knob, plain
+from ..heartbeat import HeartbeatError
 from ..heartbeat import check as check_heartbeat
 from . import _cluster, _netns, _tcp
 from ._vanish_run import vanish
@@ -111,13 +112,14 @@ class Knobs(finding.Knobs):
     user_timeout: float = knob(2.0, lo=0.5, hi=10.0, step=0.5, label="tcp_user_timeout (s)")
     idle_timeout: float = knob(2.0, lo=0.5, hi=10.0, step=0.5,
                                label="idle_in_transaction_session_timeout (s)")
-    parts: tuple[str, ...] = knob(PARTS)
+    parts: tuple[str, ...] = knob(PARTS, one_of=PARTS)
 
     def __post_init__(self) -> None:
-        check_heartbeat(self.lease, self.heartbeat, None)
-        unknown = [p for p in self.parts if p not in PARTS]
-        if unknown:
-            raise ValueError(f"unknown part {unknown[0]!r}; valid: {', '.join(PARTS)}")
+        super().__post_init__()  # types, bounds and parts, from the knobs' metadata
+        try:
+            check_heartbeat(self.lease, self.heartbeat, None)
+        except HeartbeatError as e:
+            raise finding.KnobError(str(e)) from None
 
     def keepalive_s(self) -> float:
         """Return when server keepalives end an idle backend: idle + count × interval."""
@@ -130,7 +132,7 @@ class Knobs(finding.Knobs):
 
 def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
     """Run the chosen parts; return what the server kept, who noticed when, what the world saw."""
-    k = knobs or Knobs()
+    k = knobs or Knobs.sized()
     runs: dict[str, dict[str, Any]] = {}
     common: dict[str, Any] = {"lease": k.lease, "heartbeat": k.heartbeat, "job": k.job,
               "vanished_for": k.vanished_for, "idle_timeout": k.idle_timeout,

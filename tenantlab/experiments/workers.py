@@ -68,7 +68,7 @@ class Knobs(finding.Knobs):
 
     ARTICLE_SETUP: ClassVar[bool] = False  # the article never ran this: judged on expectations
 
-    jobs: int = knob(400, full=5000, lo=200, hi=10000, step=100, label="no-op jobs per round")
+    jobs: int = knob(400, full=5000, at_least=1, lo=200, hi=10000, step=100, label="no-op jobs per round")
     counts: tuple[int, ...] = knob((1, 2, 4, 8))
     plain: bool = knob(True, label="also the plain FOR UPDATE claim")
 
@@ -245,9 +245,9 @@ def _until_waiting(admin: Any, pid: int, timeout: float = 30.0) -> None:
 
 def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
     """Drain one queue with each worker count and claim; return per-round rows."""
-    k = knobs or Knobs()
-    if k.jobs < 1 or not k.counts or min(k.counts) < 1:
-        raise ValueError("jobs and every worker count must be at least 1")
+    k = knobs or Knobs.sized()
+    if not k.counts or min(k.counts) < 1:
+        raise finding.KnobError("every worker count must be at least 1")
     claims = ("skip", "plain") if k.plain else ("skip",)
     rows: list[dict[str, Any]] = []
     with db.scratch("workers") as s, tempfile.TemporaryDirectory(prefix="tenantlab-") as tmp:
