@@ -92,18 +92,12 @@ lock: $(PYTHON_STAMP)
 	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --universal --python-version 3.12 \
 	  --upgrade --quiet -c requirements.lock -o requirements-dev.lock
 
-# Wherever the state lives (.tenantlab, or /var/lib/tenantlab/home-* for a root checkout the
-# server user cannot enter, or TENANTLAB_HOME): `tenantlab down --purge` knows, and refuses
-# while a lab is running on it.
-# Without .venv: tenantlab.server alone (standard library only), not the package's __init__.
-STATE_HOME_PY := import sys, types; pkg = types.ModuleType("tenantlab"); \
-  pkg.__path__ = ["tenantlab"]; sys.modules["tenantlab"] = pkg; \
-  from tenantlab.server import home; print(home())
-
+# Everything the kit put on the machine for this checkout: its state wherever it lives
+# (.tenantlab, /var/lib/tenantlab/home-* for a root checkout the server user cannot enter, or
+# TENANTLAB_HOME), with the copy of PostgreSQL's binaries made for the server user, then .venv.
+# `tenantlab down --purge` stops the server and PgBouncer first, and refuses while a lab runs;
+# without .venv, tools/clean_state.py (standard library only) removes the same paths.
 clean:
 	@if [ -x $(VENV)/bin/tenantlab ]; then $(VENV)/bin/tenantlab down --purge || exit 1; \
-	elif home="$$(python3 -c '$(STATE_HOME_PY)' 2>/dev/null)"; then \
-	  if [ -e "$$home/data/postmaster.pid" ]; then \
-	    echo "a server may still run in $$home and .venv is gone: stop it with pg_ctl, then remove $$home" >&2; exit 1; fi; \
-	  rm -rf "$$home"; fi
+	elif command -v python3 >/dev/null; then python3 tools/clean_state.py || exit 1; fi
 	rm -rf $(VENV) .tenantlab

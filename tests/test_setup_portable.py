@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import errno
 import io
+import json
 import os
 import shutil
 import socket
@@ -136,11 +137,14 @@ def test_down_and_clean_refuse_while_a_lab_runs(home: Path) -> None:
     server.up(port=free_port())
     lab = subprocess.Popen(["sleep", "60"])  # stands in for a running `tenantlab lab`
     try:
-        (home / "lab.pid").write_text(f"{lab.pid}\n")
+        (home / "labs").mkdir()
+        (home / "labs" / f"{lab.pid}-0.json").write_text(
+            json.dumps({"pid": lab.pid, "jupyter": "127.0.0.1:8888"}))
         done = subprocess.run([sys.executable, "-m", "tenantlab", "down", "--purge"],
                               capture_output=True, text=True, env=env, timeout=60)
         assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-        assert f"a lab (pid {lab.pid}) is using the server" in done.stderr
+        assert (f"a lab still uses the server in {home}: pid {lab.pid} (JupyterLab on "
+                "127.0.0.1:8888)") in done.stderr
         assert server.pid() is not None and (home / "data").exists()
     finally:
         lab.kill()
