@@ -54,15 +54,12 @@ $(DEV_STAMP): $(LAB_STAMP) requirements-dev.lock
 	$(PIP) -r requirements-dev.lock
 	@touch $(DEV_STAMP)
 
-# Git sees notebooks without outputs (.gitattributes names the filter): what JupyterLab saved
-# neither shows in `git diff` nor blocks a `git pull`. tools/strip_outputs.py needs only Python
-# and keeps the stored format byte for byte; `cat` where it is missing, so the filter never fails.
+# Git sees notebooks as stored (.gitattributes names the filter): what JupyterLab ran and saved
+# neither shows in `git diff` nor blocks a `git pull`. tools/setup_git_filter.sh (docker compose
+# and the conda steps use it too) configures tools/strip_outputs.py, which needs only python3.
 .PHONY: strip-outputs
 strip-outputs:
-	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
-	  git config filter.strip-outputs.clean 'if [ -f tools/strip_outputs.py ] && command -v python3 >/dev/null; then python3 tools/strip_outputs.py; else cat; fi' && \
-	  git config filter.strip-outputs.smudge cat && \
-	  echo "git: notebook outputs are stripped on commit (tools/strip_outputs.py)"; fi
+	@sh tools/setup_git_filter.sh
 
 venv: $(DEV_STAMP)
 
