@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from . import db, labs, pgbouncer, reproduce, settings
+from . import db, gitsave, labs, pgbouncer, reproduce, settings
 from .errors import TenantlabError
 from .experiments import REGISTRY
 from .jobqueue.jobs import ConfigError, JobQueueError
@@ -122,9 +122,10 @@ def _run_lab(args: argparse.Namespace, nbdir: Path, token: str, dsn: str) -> int
     env = dict(os.environ, TENANTLAB_HOME=str(embedded().home), JUPYTER_TOKEN=token)
     if url := settings.database_url():
         env[settings.DATABASE_URL] = url  # the kernels find the same server
+    # gitsave: a notebook run and saved stays unchanged for git (`git pull` goes through).
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={nbdir}",
            f"--ServerApp.ip={args.ip}", f"--ServerApp.port={args.port}",
-           "--ServerApp.port_retries=0"]
+           "--ServerApp.port_retries=0", gitsave.JUPYTER_OPTION]
     if args.no_browser:
         cmd.append("--no-browser")
     if os.geteuid() == 0:

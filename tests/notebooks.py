@@ -98,12 +98,16 @@ def clone_with_filter(tmp: Path) -> tuple[Path, Path]:
 
 
 def pull_after_save(tmp: Path, name: str, saved: str) -> str:
-    """Save `saved` as notebooks/<name> in a filtered clone, commit an upstream change to the same
-    notebook, pull it; return `git status --porcelain` as it was between the save and the pull."""
+    """Save `saved` as notebooks/<name> in a filtered clone as JupyterLab does (its post-save
+    hook included), commit an upstream change to the same notebook, pull it; return
+    `git status --porcelain` as it was between the save and the pull."""
     import json as json_
+
+    from tenantlab import gitsave
 
     upstream, checkout = clone_with_filter(tmp)
     (checkout / "notebooks" / name).write_text(saved)
+    assert gitsave.refresh(checkout / "notebooks" / name)
     status = git(checkout, "status", "--porcelain")
     # Upstream edits the same notebook (its last cell): the pull must go through.
     path = upstream / "notebooks" / name

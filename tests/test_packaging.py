@@ -200,6 +200,13 @@ def test_every_path_sets_up_the_notebook_filter() -> None:
     assert filt["volumes"] == [".:/checkout"] and filt["working_dir"] == "/checkout"
     assert services["lab"]["depends_on"]["git-filter"] == \
         {"condition": "service_completed_successfully"}
+    # After a save, JupyterLab tells git that a run changed nothing (tenantlab.gitsave), in the
+    # host's checkout: `make lab` and conda through `tenantlab lab`, compose with .git mounted.
+    from tenantlab import gitsave
+
+    assert gitsave.JUPYTER_OPTION in services["lab"]["command"]
+    assert "./.git:/home/jovyan/tenantlab/.git" in services["lab"]["volumes"]
+    assert "gitsave.JUPYTER_OPTION" in (ROOT / "tenantlab" / "cli.py").read_text()
     conda = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
                  if "mamba env create" in ln)
     assert "sh tools/setup_git_filter.sh" in conda
@@ -208,12 +215,19 @@ def test_every_path_sets_up_the_notebook_filter() -> None:
 def test_a_notebook_run_and_saved_leaves_git_clean_and_pulls(tmp_path: Path) -> None:
     """The issue's case without a kernel: run, saved, then `git pull` of an upstream edit."""
     from notebooks import git, pull_after_save
+    from tenantlab import gitsave
 
     name = "03-poison-pill.ipynb"
     saved = _run_and_saved((ROOT / "notebooks" / name).read_text())
     assert pull_after_save(tmp_path, name, saved) == ""
-    # The filter hides a run, not an edit.
+    # The filter hides a run, not an edit; the hook stages nothing, nor adds an untracked file.
     checkout = tmp_path / "checkout"
     path = checkout / "notebooks" / name
-    path.write_text(path.read_text().replace("res.verdict", "res.verdict  # mine"))
-    assert git(checkout, "status", "--porcelain").split() == ["M", f"notebooks/{name}"]
+    path.write_text(_run_and_saved(path.read_text()).replace("res.verdict", "res.verdict  # mine"))
+    assert not gitsave.refresh(path)
+    (checkout / "notebooks" / "mine.ipynb").write_text(path.read_text())
+    assert not gitsave.refresh(checkout / "notebooks" / "mine.ipynb")
+    assert git(checkout, "status", "--porcelain").splitlines() == [
+        f" M notebooks/{name}", "?? notebooks/mine.ipynb"]
+    assert git(checkout, "diff", "--cached") == ""
+    assert not gitsave.refresh(tmp_path / "not-a-checkout.ipynb")  # never fails a save
