@@ -150,26 +150,6 @@ def test_up_with_pgbouncer_starts_a_daemon_that_down_stops(admin_dsn: str, monke
     _no_pgbouncer_left()
 
 
-def test_the_daemon_is_found_by_pid_file_and_port_not_proc(tmp_path: Path, monkeypatch) -> None:
-    """A live pid is not enough: the port the kit gave the daemon must answer (no /proc)."""
-    import os
-    import socket
-
-    monkeypatch.setattr(pgbouncer, "daemon_dir", lambda: tmp_path)
-    assert pgbouncer.daemon_pid() is None  # no pid file
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        port = listener.getsockname()[1]
-        (tmp_path / "port").write_text(f"{port}\n")
-        # A live process (this one) that does not listen there: a pid reused after a crash.
-        (tmp_path / "pgbouncer.pid").write_text(f"{os.getpid()}\n")
-        assert pgbouncer.daemon_pid() is None
-        listener.listen()
-        assert pgbouncer.daemon_pid() == os.getpid()
-        (tmp_path / "pgbouncer.pid").write_text("999999999\n")  # no such process
-        assert pgbouncer.daemon_pid() is None
-
-
 def test_up_takes_a_pgbouncer_flag() -> None:
     assert cli.parser().parse_args(["up", "--pgbouncer"]).pgbouncer is True
     assert cli.parser().parse_args(["up"]).pgbouncer is False

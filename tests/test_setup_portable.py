@@ -74,6 +74,29 @@ def test_process_checks_work_without_proc(home: Path, monkeypatch: pytest.Monkey
     assert asked == [], f"read /proc: {asked}"
 
 
+def test_pgbouncer_daemon_is_found_without_proc(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up --pgbouncer`'s daemon: a live pid is not enough, its port must answer (no /proc)."""
+    from tenantlab import pgbouncer
+
+    monkeypatch.setattr(pgbouncer, "daemon_dir", lambda: tmp_path)
+    asked = _hide_proc(monkeypatch)
+    asked.clear()
+    assert pgbouncer.daemon_pid() is None  # no pid file
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        (tmp_path / "port").write_text(f"{listener.getsockname()[1]}\n")
+        # A live process (this one) that does not listen there: a pid reused after a crash.
+        (tmp_path / "pgbouncer.pid").write_text(f"{os.getpid()}\n")
+        assert pgbouncer.daemon_pid() is None
+        listener.listen()
+        assert pgbouncer.daemon_pid() == os.getpid()
+        (tmp_path / "pgbouncer.pid").write_text("999999999\n")  # no such process
+        assert pgbouncer.daemon_pid() is None
+        assert pgbouncer.stop_daemon() is False
+    assert asked == [], f"read /proc: {asked}"
+
+
 def test_worker_password_does_not_depend_on_the_address(home: Path) -> None:
     server = Server(home)
     server.up(port=free_port())
