@@ -54,15 +54,12 @@ $(DEV_STAMP): $(LAB_STAMP) requirements-dev.lock
 	$(PIP) -r requirements-dev.lock
 	@touch $(DEV_STAMP)
 
-# Git sees notebooks without outputs (.gitattributes names the filter): what JupyterLab saved
-# neither shows in `git diff` nor blocks a `git pull`. tools/strip_outputs.py needs only Python
-# and keeps the stored format byte for byte; `cat` where it is missing, so the filter never fails.
+# Git sees notebooks as stored (.gitattributes names the filter): what JupyterLab ran and saved
+# neither shows in `git diff` nor blocks a `git pull`. tools/setup_git_filter.sh (docker compose
+# and the conda steps use it too) configures tools/strip_outputs.py, which needs only python3.
 .PHONY: strip-outputs
 strip-outputs:
-	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
-	  git config filter.strip-outputs.clean 'if [ -f tools/strip_outputs.py ] && command -v python3 >/dev/null; then python3 tools/strip_outputs.py; else cat; fi' && \
-	  git config filter.strip-outputs.smudge cat && \
-	  echo "git: notebook outputs are stripped on commit (tools/strip_outputs.py)"; fi
+	@sh tools/setup_git_filter.sh
 
 venv: $(DEV_STAMP)
 
@@ -96,18 +93,12 @@ lock: $(PYTHON_STAMP)
 	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --universal --python-version 3.12 \
 	  --upgrade --quiet -c requirements.lock -o requirements-dev.lock
 
-# Wherever the state lives (.tenantlab, or /var/lib/tenantlab/home-* for a root checkout the
-# server user cannot enter, or TENANTLAB_HOME): `tenantlab down --purge` knows, and refuses
-# while a lab is running on it.
-# Without .venv: tenantlab.server alone (standard library only), not the package's __init__.
-STATE_HOME_PY := import sys, types; pkg = types.ModuleType("tenantlab"); \
-  pkg.__path__ = ["tenantlab"]; sys.modules["tenantlab"] = pkg; \
-  from tenantlab.server import home; print(home())
-
+# Everything the kit put on the machine for this checkout: its state wherever it lives
+# (.tenantlab, /var/lib/tenantlab/home-* for a root checkout the server user cannot enter, or
+# TENANTLAB_HOME), with the copy of PostgreSQL's binaries made for the server user, then .venv.
+# `tenantlab down --purge` stops the server and PgBouncer first, and refuses while a lab runs;
+# without .venv, tools/clean_state.py (standard library only) removes the same paths.
 clean:
 	@if [ -x $(VENV)/bin/tenantlab ]; then $(VENV)/bin/tenantlab down --purge || exit 1; \
-	elif home="$$(python3 -c '$(STATE_HOME_PY)' 2>/dev/null)"; then \
-	  if [ -e "$$home/data/postmaster.pid" ]; then \
-	    echo "a server may still run in $$home and .venv is gone: stop it with pg_ctl, then remove $$home" >&2; exit 1; fi; \
-	  rm -rf "$$home"; fi
+	elif command -v python3 >/dev/null; then python3 tools/clean_state.py || exit 1; fi
 	rm -rf $(VENV) .tenantlab

@@ -9,23 +9,22 @@ import secrets
 import signal
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from . import db, pgbouncer, reproduce, settings, validate
+from . import db, gitsave, labs, pgbouncer, reproduce, settings, validate
 from .errors import ConfigurationError, TenantlabError
 from .experiments import REGISTRY
 from .jobqueue.jobs import ConfigError, JobQueueError
 from .jobqueue.options import Parser
 from .jobqueue.preflight import diagnose, refused_login
-from .server import REPO, ServerError, alive, embedded, port_free
+from .server import REPO, ServerError, embedded, port_free
 
 log = logging.getLogger("tenantlab")
-
-LAB_PIDFILE = "lab.pid"
 
 
 def _port(text: str) -> int:
@@ -57,16 +56,18 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     server = embedded()
-    if (lab := lab_pid(server.home)) is not None and not args.force:
-        raise TenantlabError(f"a lab (pid {lab}) is using the server in {server.home}: stop it "
-                             "first (Ctrl-C where it runs), or `tenantlab down --force`")
-    if pgbouncer.stop_daemon():
-        print("stopped PgBouncer")
-    if args.purge:
-        server.purge()
-        print(f"stopped and removed {server.home}")
-    else:
+    # Under the labs' lock: a lab starting meanwhile either is seen here or finds the server down.
+    with labs.locked(server.home) if server.home.is_dir() else nullcontext():
+        if not args.force:
+            labs.refuse_while_running(server.home)
+        if pgbouncer.stop_daemon():
+            print("stopped PgBouncer")
+        if args.purge:
+            server.purge()
+            print(f"stopped and removed {server.home}")
+            return 0
         print("stopped" if server.down() else "not running")
+        labs.server_stopped(server.home)
     return 0
 
 
@@ -105,62 +106,51 @@ def cmd_lab(args: argparse.Namespace) -> int:
                              "process: choose another with `tenantlab lab --port N` "
                              "(`make lab PORT=N`)")
     token = args.token or settings.jupyter_token() or secrets.token_hex(16)
-    # Marks the state directory in use: `tenantlab down` and `make clean` refuse meanwhile.
-    marker = embedded().home / LAB_PIDFILE
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(f"{os.getpid()}\n")
+    # Both, explicitly: a shell that starts us in the background ignores SIGINT, and Python
+    # then never turns it into KeyboardInterrupt. From here on, so that a stop while the server
+    # starts still removes this lab's marker (and stops a server only this lab used).
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    # Its own marker, before the server starts: `tenantlab down` and `make clean` refuse while
+    # any lab runs, and the last lab out stops a server that a lab started.
+    with labs.lab(embedded(), f"{args.ip}:{args.port}", port=args.db_port,
+                  external=settings.database_url()) as dsn:
+        return _run_lab(args, nbdir, token, dsn)
+
+
+def _run_lab(args: argparse.Namespace, nbdir: Path, token: str, dsn: str) -> int:
+    db.ensure_template(dsn)
+    # The token goes through the environment, which `ps` does not show to other users;
+    # Jupyter reads JUPYTER_TOKEN itself.
+    env = dict(os.environ, TENANTLAB_HOME=str(embedded().home), JUPYTER_TOKEN=token)
+    if url := settings.database_url():
+        env[settings.DATABASE_URL] = url  # the kernels find the same server
+    if args.solutions:
+        env[settings.SOLUTIONS] = "1"  # the kernels' exercises read it
+    # gitsave: a notebook run and saved stays unchanged for git (`git pull` goes through).
+    cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={nbdir}",
+           f"--ServerApp.ip={args.ip}", f"--ServerApp.port={args.port}",
+           "--ServerApp.port_retries=0", gitsave.JUPYTER_OPTION]
+    if args.no_browser:
+        cmd.append("--no-browser")
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    print(f"JupyterLab: http://{args.ip}:{args.port}/lab?token={token}", file=sys.stderr)
+    # Its own session: a Ctrl-C reaches us, and we stop Jupyter before the server.
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
-        return _run_lab(args, nbdir, token)
+        return proc.wait()
+    except KeyboardInterrupt:
+        print("stopping JupyterLab ...", file=sys.stderr)
+        return 0
     finally:
-        marker.unlink(missing_ok=True)
-
-
-def _run_lab(args: argparse.Namespace, nbdir: Path, token: str) -> int:
-    with db.server_session(port=args.db_port) as dsn:
-        db.ensure_template(dsn)
-        # The token goes through the environment, which `ps` does not show to other users;
-        # Jupyter reads JUPYTER_TOKEN itself.
-        env = dict(os.environ, TENANTLAB_HOME=str(embedded().home), JUPYTER_TOKEN=token)
-        if url := settings.database_url():
-            env[settings.DATABASE_URL] = url  # the kernels find the same server
-        if args.solutions:
-            env[settings.SOLUTIONS] = "1"  # the kernels' exercises read it
-        cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={nbdir}",
-               f"--ServerApp.ip={args.ip}", f"--ServerApp.port={args.port}",
-               "--ServerApp.port_retries=0"]
-        if args.no_browser:
-            cmd.append("--no-browser")
-        if os.geteuid() == 0:
-            cmd.append("--allow-root")
-        print(f"JupyterLab: http://{args.ip}:{args.port}/lab?token={token}", file=sys.stderr)
-        # Its own session: a Ctrl-C reaches us, and we stop Jupyter before the server.
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-        # Both, explicitly: a shell that starts us in the background ignores SIGINT, and Python
-        # then never turns it into KeyboardInterrupt.
-        signal.signal(signal.SIGTERM, _raise_interrupt)
-        signal.signal(signal.SIGINT, _raise_interrupt)
-        try:
-            return proc.wait()
-        except KeyboardInterrupt:
-            print("stopping JupyterLab ...", file=sys.stderr)
-            return 0
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-
-
-def lab_pid(home: Path) -> int | None:
-    """Return the pid of a running `tenantlab lab` on this state directory, None if there is none."""
-    try:
-        pid = int((home / LAB_PIDFILE).read_text().split()[0])
-    except (OSError, IndexError, ValueError):
-        return None
-    return pid if pid != os.getpid() and alive(pid) else None
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -35,7 +35,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import db, settings
 from .queries import q
-from .server import ServerError, embedded, free_port
+from .server import ServerError, alive, embedded, free_port
 
 log = logging.getLogger("tenantlab")
 
@@ -264,10 +264,8 @@ def _startup_error(bouncer: PgBouncer) -> str:
 def _wait_listening(bouncer: PgBouncer, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with socket.socket() as s:
-            s.settimeout(0.2)
-            if s.connect_ex((bouncer.host, bouncer.port)) == 0:
-                return
+        if _listening(bouncer.host, bouncer.port):
+            return
         proc = bouncer.proc
         if proc is not None and proc.poll() is not None and proc.returncode != 0:
             raise PgBouncerError(f"pgbouncer did not start: {_startup_error(bouncer)}")
@@ -324,13 +322,26 @@ def daemon_dir() -> Path:
 
 
 def daemon_pid() -> int | None:
-    """Return the pid of the kit's daemon PgBouncer when it runs."""
+    """Return the pid of the kit's daemon PgBouncer when it runs, None when not.
+
+    Portable (macOS has no /proc), as the embedded server is found: the pid file's process must
+    be alive and the port the kit gave it must accept a connection. A pid reused by another
+    process after a crash fails the second test.
+    """
+    directory = daemon_dir()
     try:
-        pid = int((daemon_dir() / "pgbouncer.pid").read_text().split()[0])
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        pid = int((directory / "pgbouncer.pid").read_text().split()[0])
+        port = int((directory / "port").read_text())
     except (OSError, IndexError, ValueError):
         return None
-    return pid if comm == "pgbouncer" else None
+    return pid if alive(pid) and _listening("127.0.0.1", port) else None
+
+
+def _listening(host: str, port: int) -> bool:
+    """Return True when something accepts a TCP connection on host:port (a bare connect)."""
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex((host, port)) == 0
 
 
 def start_daemon(admin_dsn: str, config: Config | None = None) -> tuple[PgBouncer, bool]:
@@ -344,6 +355,8 @@ def start_daemon(admin_dsn: str, config: Config | None = None) -> tuple[PgBounce
     binary()
     user = _run_as()
     directory.mkdir(parents=True, exist_ok=True)
+    # Left by a daemon that died: PgBouncer would refuse to start if its pid is alive again.
+    (directory / "pgbouncer.pid").unlink(missing_ok=True)
     port = free_port()
     ini = write_files(directory, admin_dsn, port, config, user, daemon=True)
     port_file.write_text(f"{port}\n")

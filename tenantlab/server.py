@@ -26,6 +26,8 @@ log = logging.getLogger("tenantlab")
 SERVER_USER = "tenantlab"
 DEFAULT_PORT = 54317
 REPO = Path(__file__).resolve().parent.parent
+#: The kit's directory outside the checkout, for a root checkout the server user cannot enter.
+VAR_LIB = Path("/var/lib/tenantlab")
 
 
 class ServerError(TenantlabError):
@@ -44,7 +46,7 @@ def home() -> Path:
         if os.geteuid() == 0 and not _world_traversable(REPO):
             # The server user could not enter the checkout (e.g. under /root): keep state outside.
             digest = hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
-            return Path("/var/lib/tenantlab") / f"home-{digest}"
+            return VAR_LIB / f"home-{digest}"
         return REPO / ".tenantlab"
     return settings.state_home() / "tenantlab"
 
@@ -104,6 +106,11 @@ class Server:
     def port_file(self) -> Path:
         return self.home / "port"
 
+    @property
+    def binaries_copy(self) -> Path:
+        """Where PostgreSQL's binaries are copied for a server user that cannot reach ours."""
+        return self.home / "postgresql"
+
     # --- who runs it ---------------------------------------------------------------------
 
     def _user(self) -> pwd.struct_passwd | None:
@@ -142,13 +149,16 @@ class Server:
         bins = bindir()
         if user is None or self._reachable(bins / "postgres", user, "-x"):
             return bins
-        # The checkout sits under a directory the server user cannot enter (e.g. /root).
-        target = Path("/var/lib/tenantlab") / bins.parent.name
+        # The checkout sits under a directory the server user cannot enter (e.g. /root). The
+        # copy lives with this checkout's state, so `down --purge` (`make clean`) removes it.
+        target = self.binaries_copy / bins.parent.name
         if not (target / "bin" / "postgres").exists():
             log.info("copying PostgreSQL binaries to %s for user %s", target, SERVER_USER)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            for d in (target.parent, self.home, *([VAR_LIB] if self.home.parent == VAR_LIB else [])):
+                d.chmod(d.stat().st_mode | 0o755)
             tmp = target.with_name(target.name + f".tmp{os.getpid()}")
             shutil.copytree(bins.parent, tmp, symlinks=True)
-            os.chmod(target.parent, 0o755)
             tmp.rename(target)
         return target / "bin"
 
@@ -294,9 +304,41 @@ class Server:
         return True
 
     def purge(self) -> None:
-        """Stop the server and remove its state directory."""
+        """Stop the server and remove everything the kit put on the machine for it."""
         self.down()
-        shutil.rmtree(self.home, ignore_errors=True)
+        self.remove_state()
+
+    def state_paths(self) -> list[Path]:
+        """Return what the kit put on this machine for this state directory, as it stands.
+
+        The state directory (data, the binaries' copy, lab markers, the worker's secret), and
+        under /var/lib/tenantlab: the binaries' copy that earlier versions shared between
+        checkouts, once no other checkout keeps state there (a copy still in use is made again
+        when needed), and the directory itself once nothing else is in it.
+        """
+        found = [self.home] if self.home.exists() else []
+        if VAR_LIB.is_dir():
+            rest = [p for p in VAR_LIB.iterdir() if p != self.home]
+            if not [p for p in rest if p.name.startswith("home-")]:
+                legacy = [p for p in rest if p.name.startswith("postgresql-")]
+                found += sorted(legacy)
+                if len(legacy) == len(rest):
+                    found.append(VAR_LIB)
+        return found
+
+    def remove_state(self) -> list[Path]:
+        """Remove what state_paths() lists (the server must be stopped); return what went."""
+        gone = []
+        for path in self.state_paths():
+            if path == VAR_LIB:
+                try:
+                    path.rmdir()  # only if empty: something may have appeared meanwhile
+                except OSError:
+                    continue
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+        return gone
 
 
 def alive(pid: int) -> bool:

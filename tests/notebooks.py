@@ -71,3 +71,57 @@ def record(name: str, seconds: float) -> None:
     times = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
     times[name] = round(seconds, 1)
     TIMINGS.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+
+
+def git(cwd: Path, *args: str) -> str:
+    """Run git in cwd (any identity for commits); return its stdout, raise on failure."""
+    import subprocess
+
+    done = subprocess.run(["git", "-c", "user.name=tenantlab test", "-c", "user.email=t@example.com",
+                           *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"git {' '.join(args)}: {done.stderr.strip()}"
+    return done.stdout
+
+
+def clone_with_filter(tmp: Path) -> tuple[Path, Path]:
+    """Return (upstream, checkout): clones of this repository's HEAD in tmp, the checkout with
+    the notebook filter set up as `make` sets it up, pulling from upstream."""
+    import subprocess
+
+    root = NOTEBOOKS.parent
+    upstream, checkout = tmp / "upstream", tmp / "checkout"
+    git(tmp, "clone", "--quiet", str(root), str(upstream))
+    git(tmp, "clone", "--quiet", str(upstream), str(checkout))
+    # A clone's files are as new as its index, so git would re-read each one through the filter
+    # (a python3 each) on its next look; a checkout as old as a participant's is not.
+    past = time.time() - 10
+    for path in (checkout / "notebooks").iterdir():
+        os.utime(path, (past, past))
+    git(checkout, "update-index", "-q", "--refresh")
+    subprocess.run(["sh", "tools/setup_git_filter.sh"], cwd=checkout, check=True,
+                   capture_output=True, timeout=60)
+    return upstream, checkout
+
+
+def pull_after_save(tmp: Path, name: str, saved: str) -> str:
+    """Save `saved` as notebooks/<name> in a filtered clone as JupyterLab does (its post-save
+    hook included), commit an upstream change to the same notebook, pull it; return
+    `git status --porcelain` as it was between the save and the pull."""
+    import json as json_
+
+    from tenantlab import gitsave
+
+    upstream, checkout = clone_with_filter(tmp)
+    (checkout / "notebooks" / name).write_text(saved)
+    assert gitsave.refresh(checkout / "notebooks" / name)
+    status = git(checkout, "status", "--porcelain")
+    # Upstream edits the same notebook (its last cell): the pull must go through.
+    path = upstream / "notebooks" / name
+    nb = json_.loads(path.read_text())
+    nb["cells"][-1]["source"].append("\n")
+    nb["cells"][-1]["source"].append("Changed upstream.")
+    path.write_text(json_.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
+    git(upstream, "commit", "--quiet", "-am", "upstream edits the notebook")
+    git(checkout, "pull", "--quiet", "--no-rebase")
+    assert "Changed upstream." in (checkout / "notebooks" / name).read_text()
+    return status

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from notebooks import clone_with_filter, git
 from tenantlab.server import Server, free_port
 
 
@@ -25,6 +26,9 @@ def test_lab_starts_headless_and_stops_cleanly(stop: signal.Signals) -> None:
     port, token = free_port(), "test-token-123"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TENANTLAB_DATABASE_URL")}
     env.update(TENANTLAB_HOME=str(home), JUPYTER_CONFIG_DIR=str(home / "jupyter"))
+    # JupyterLab serves a checkout set up as `make` sets it up: a save goes through its hook.
+    _, checkout = clone_with_filter(home)
+    env["TENANTLAB_NOTEBOOKS"] = str(checkout / "notebooks")
     log = (home / "lab.log").open("w")
     # SIGINT ignored at start, as for `make lab &`: the lab must still stop on it.
     proc = subprocess.Popen(
@@ -52,6 +56,8 @@ def test_lab_starts_headless_and_stops_cleanly(stop: signal.Signals) -> None:
         except urllib.error.HTTPError as e:
             assert e.code == 403
         assert Server(home).pid() is not None, "the lab did not start the embedded server"
+        if stop == signal.SIGTERM:
+            _save_a_run_through_jupyterlab(port, token, checkout)
         proc.send_signal(stop)  # SIGINT: Ctrl-C, also when a shell started us in the background
         assert proc.wait(timeout=60) == 0
         assert Server(home).pid() is None, "the lab left the server it started running"
@@ -62,3 +68,24 @@ def test_lab_starts_headless_and_stops_cleanly(stop: signal.Signals) -> None:
         log.close()
         Server(home).down()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _save_a_run_through_jupyterlab(port: int, token: str, checkout: Path) -> None:
+    """Save notebook 00 as run (outputs, language_info, timings) through JupyterLab's API:
+    its post-save hook keeps `git status` clean."""
+    name = "00-start-here.ipynb"
+    nb = json.loads((checkout / "notebooks" / name).read_text())
+    nb["metadata"]["language_info"] |= {"version": "3.12.3", "mimetype": "text/x-python"}
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell["execution_count"] = 1
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "ran\n"}]
+            cell["metadata"]["execution"] = {"shell.execute_reply": "2026-01-01T00:00:01Z"}
+    body = json.dumps({"type": "notebook", "format": "json", "content": nb}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/contents/{name}?token={token}",
+                                 data=body, method="PUT",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 200
+    assert '"ran' in (checkout / "notebooks" / name).read_text()  # saved, outputs and all
+    assert git(checkout, "status", "--porcelain") == ""

@@ -135,28 +135,103 @@ def test_make_lab_passes_its_ports_only_from_the_command_line() -> None:
     assert "--port" not in lab_line(PORT="9999")  # an exported PORT belongs to something else
 
 
-def test_the_output_filter_keeps_stored_notebooks_and_strips_a_run() -> None:
-    sys_path = str(ROOT / "tools")
+def _strip():  # type: ignore[no-untyped-def]
     import sys
 
-    sys.path.insert(0, sys_path)
+    sys.path.insert(0, str(ROOT / "tools"))
     try:
         from strip_outputs import strip
     finally:
-        sys.path.remove(sys_path)
+        sys.path.remove(str(ROOT / "tools"))
+    return strip
+
+
+def _run_and_saved(text: str) -> str:
+    """What a run in JupyterLab (or VS Code, or nbconvert) and a save add to a stored notebook."""
+    nb = json.loads(text)
+    nb["metadata"]["kernelspec"]["display_name"] = ".venv (Python 3.12.3)"
+    nb["metadata"]["language_info"] = {
+        "codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+        "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+        "pygments_lexer": "ipython3", "version": "3.12.3"}
+    nb["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {
+        "state": {"abc": {"model_name": "IntSliderModel"}}, "version_major": 2}}
+    nb["metadata"]["vscode"] = {"interpreter": {"hash": "0123"}}
+    for n, cell in enumerate(nb["cells"], 1):
+        if cell["cell_type"] == "code":
+            cell["execution_count"] = n
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["ran\n"]}]
+            cell["metadata"] = {
+                "execution": {"iopub.execute_input": "2026-01-01T00:00:00Z",
+                              "shell.execute_reply": "2026-01-01T00:00:01Z"},
+                "collapsed": False, "scrolled": True, "jupyter": {"source_hidden": True},
+                "ExecuteTime": {"end_time": "x"}}
+        if isinstance(cell["source"], list):
+            cell["source"] = "".join(cell["source"])  # some writers store one string
+    return json.dumps(nb, indent=2) + "\n"
+
+
+def test_the_output_filter_keeps_stored_notebooks_and_strips_a_run() -> None:
+    strip = _strip()
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         text = path.read_text()
-        if '"outputs": []' in text and '"execution_count": null' in text:
-            assert strip(text) == text, f"{path.name}: the filter would rewrite a clean notebook"
+        # Stored as the filter writes them: a notebook edited without it is caught here.
+        assert strip(text) == text, f"{path.name}: not stored as tools/strip_outputs.py writes it"
+        assert strip(_run_and_saved(text)) == text, f"{path.name}: a run and a save show in git"
+    # An author's cell metadata and a real edit stay.
     ran = {"cells": [{"cell_type": "code", "execution_count": 3, "id": "a", "source": "1",
-                      "metadata": {"execution": {"iopub.status.busy": "x"}},
+                      "metadata": {"tags": ["keep"], "execution": {"iopub.status.busy": "x"}},
                       "outputs": [{"output_type": "stream", "name": "stdout", "text": "1"}]}],
            "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     cell = json.loads(strip(json.dumps(ran)))["cells"][0]
-    assert cell["outputs"] == [] and cell["execution_count"] is None and cell["metadata"] == {}
+    assert cell["outputs"] == [] and cell["execution_count"] is None
+    assert cell["metadata"] == {"tags": ["keep"]} and cell["id"] == "a" and cell["source"] == ["1"]
     assert strip("{ not json") == "{ not json"
     assert "filter=strip-outputs" in (ROOT / ".gitattributes").read_text()
-    assert "filter.strip-outputs.clean" in (ROOT / "Makefile").read_text()
+    assert "filter.strip-outputs.clean" in (ROOT / "tools" / "setup_git_filter.sh").read_text()
+
+
+def test_every_path_sets_up_the_notebook_filter() -> None:
+    """`make`, docker compose and the README's conda steps run tools/setup_git_filter.sh."""
+    assert "sh tools/setup_git_filter.sh" in (ROOT / "Makefile").read_text()
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    filt = services["git-filter"]
+    assert "tools/setup_git_filter.sh" in " ".join(filt["entrypoint"])
+    assert filt["volumes"] == [".:/checkout"] and filt["working_dir"] == "/checkout"
+    assert services["lab"]["depends_on"]["git-filter"] == \
+        {"condition": "service_completed_successfully"}
+    # After a save, JupyterLab tells git that a run changed nothing (tenantlab.gitsave), in the
+    # host's checkout: `make lab` and conda through `tenantlab lab`, compose with .git mounted.
+    from tenantlab import gitsave
+
+    assert gitsave.JUPYTER_OPTION in services["lab"]["command"]
+    assert "./.git:/home/jovyan/tenantlab/.git" in services["lab"]["volumes"]
+    assert "gitsave.JUPYTER_OPTION" in (ROOT / "tenantlab" / "cli.py").read_text()
+    conda = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
+                 if "mamba env create" in ln)
+    assert "sh tools/setup_git_filter.sh" in conda
+
+
+def test_a_notebook_run_and_saved_leaves_git_clean_and_pulls(tmp_path: Path) -> None:
+    """The issue's case without a kernel: run, saved, then `git pull` of an upstream edit."""
+    from notebooks import git, pull_after_save
+    from tenantlab import gitsave
+
+    name = "03-poison-pill.ipynb"
+    saved = _run_and_saved((ROOT / "notebooks" / name).read_text())
+    assert pull_after_save(tmp_path, name, saved) == ""
+    # The filter hides a run, not an edit; the hook stages nothing, nor adds an untracked file.
+    checkout = tmp_path / "checkout"
+    path = checkout / "notebooks" / name
+    path.write_text(_run_and_saved(path.read_text()).replace("res.verdict", "res.verdict  # mine"))
+    assert not gitsave.refresh(path)
+    (checkout / "notebooks" / "mine.ipynb").write_text(path.read_text())
+    assert not gitsave.refresh(checkout / "notebooks" / "mine.ipynb")
+    assert git(checkout, "status", "--porcelain").splitlines() == [
+        f" M notebooks/{name}", "?? notebooks/mine.ipynb"]
+    assert git(checkout, "diff", "--cached") == ""
+    assert not gitsave.refresh(tmp_path / "not-a-checkout.ipynb")  # never fails a save
+
 
 
 # --- README facts that cannot drift: numbers and names checked against the code -------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import errno
 import io
+import json
 import os
 import shutil
 import socket
@@ -73,6 +74,29 @@ def test_process_checks_work_without_proc(home: Path, monkeypatch: pytest.Monkey
     assert asked == [], f"read /proc: {asked}"
 
 
+def test_pgbouncer_daemon_is_found_without_proc(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up --pgbouncer`'s daemon: a live pid is not enough, its port must answer (no /proc)."""
+    from tenantlab import pgbouncer
+
+    monkeypatch.setattr(pgbouncer, "daemon_dir", lambda: tmp_path)
+    asked = _hide_proc(monkeypatch)
+    asked.clear()
+    assert pgbouncer.daemon_pid() is None  # no pid file
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        (tmp_path / "port").write_text(f"{listener.getsockname()[1]}\n")
+        # A live process (this one) that does not listen there: a pid reused after a crash.
+        (tmp_path / "pgbouncer.pid").write_text(f"{os.getpid()}\n")
+        assert pgbouncer.daemon_pid() is None
+        listener.listen()
+        assert pgbouncer.daemon_pid() == os.getpid()
+        (tmp_path / "pgbouncer.pid").write_text("999999999\n")  # no such process
+        assert pgbouncer.daemon_pid() is None
+        assert pgbouncer.stop_daemon() is False
+    assert asked == [], f"read /proc: {asked}"
+
+
 def test_worker_password_does_not_depend_on_the_address(home: Path) -> None:
     server = Server(home)
     server.up(port=free_port())
@@ -136,11 +160,14 @@ def test_down_and_clean_refuse_while_a_lab_runs(home: Path) -> None:
     server.up(port=free_port())
     lab = subprocess.Popen(["sleep", "60"])  # stands in for a running `tenantlab lab`
     try:
-        (home / "lab.pid").write_text(f"{lab.pid}\n")
+        (home / "labs").mkdir()
+        (home / "labs" / f"{lab.pid}-0.json").write_text(
+            json.dumps({"pid": lab.pid, "jupyter": "127.0.0.1:8888"}))
         done = subprocess.run([sys.executable, "-m", "tenantlab", "down", "--purge"],
                               capture_output=True, text=True, env=env, timeout=60)
         assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-        assert f"a lab (pid {lab.pid}) is using the server" in done.stderr
+        assert (f"a lab still uses the server in {home}: pid {lab.pid} (JupyterLab on "
+                "127.0.0.1:8888)") in done.stderr
         assert server.pid() is not None and (home / "data").exists()
     finally:
         lab.kill()
