@@ -71,7 +71,7 @@ def test_missing_pgbouncer_is_skipped_with_the_install_message(monkeypatch) -> N
     assert not res.verdict.valid
     assert res.verdict.headline().startswith("✗") and "skipped: pgbouncer is not installed" \
         in res.verdict.line()
-    assert res.summary.startswith("skipped: ")
+    assert res.verdict.checks[0].name.startswith("skipped: ") and not res.verdict.valid
 
 
 @needs_pgbouncer

@@ -170,7 +170,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None,
         "as_article": {v: seen.get(v) == n for v, n in ARTICLE["seen_after_job"].items()},
         "jobs": k.jobs, "fail_job": k.fail_job,
     }
-    return Result("leak", k, measured, judge(measured, k), summary=_summary(seen), table=df,
+    return Result("leak", k, measured, judge(measured, k), table=df,
                   data={"labels": {v.name: v.label for v in variants}})
 
 
@@ -211,10 +211,6 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
         checks.append(check(f"{v.label}: the borrower saw", seen == expected, expected, seen))
     return Verdict.of(checks, article=article)
 
-
-def _summary(seen: dict[str, list[int]]) -> str:
-    return "borrower saw " + "; ".join(f"{v}: {', '.join(f'{n:,}' for n in ns)}"
-                                       for v, ns in seen.items())
 
 
 def script(df: pd.DataFrame, variant: str) -> pd.DataFrame:

@@ -228,7 +228,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
     verdict = judge(measured, k)
     table = pd.DataFrame([{"arrival": ARRIVALS[a], "policy": p, **m}
                           for a, ms in by_arrival.items() for p, m in ms.items()])
-    return Result("noisy-neighbour", k, measured, verdict, summary=_summary(measured),
+    return Result("noisy-neighbour", k, measured, verdict,
                   table=table, data={"waits": pd.concat(parts, ignore_index=True),
                                      "samples": pd.DataFrame(samples)})
 
@@ -321,19 +321,3 @@ def ratio_of(fifo: dict[str, Any], fair: dict[str, Any]) -> float:
 def cost_of(fifo: dict[str, Any], fair: dict[str, Any]) -> float:
     """Return the fair policy's throughput change against FIFO (-0.1 = 10 % fewer jobs/s)."""
     return fair["jobs_per_s"] / fifo["jobs_per_s"] - 1 if fifo["jobs_per_s"] else 0.0
-
-
-def _summary(m: dict[str, Any]) -> str:
-    parts = []
-    arrivals = {"during_drain": {p: m[p] for p in POLICIES if p in m},
-                "queued_first": m.get("queued_first", {})}
-    for arrival, ms in arrivals.items():
-        for policy, s in ms.items():
-            text = (f"{ARRIVALS[arrival]}, {policy}: small tenants p95 "
-                    f"{s['small_tenants_wait_p95_s']:.3g} s, noisy p95 "
-                    f"{s['noisy_tenant_wait_p95_s']:.3g} s, {s['jobs_per_s']:g} jobs/s")
-            if policy != "fifo" and "fifo" in ms:
-                text += (f" ({ratio_of(ms['fifo'], s):.1f}x lower, "
-                         f"{cost_of(ms['fifo'], s):+.0%} jobs/s)")
-            parts.append(text)
-    return "; ".join(parts)

@@ -241,8 +241,7 @@ def _result(k: Knobs, table: pd.DataFrame, events: pd.DataFrame, segs: pd.DataFr
     }
     measured["as_article"] = {v: _as_article(v, measured) for v in measured["executions"]
                               if expected_counts(v) is not None}
-    summary = "; ".join(describe(r) for r in table.itertuples())
-    return Result("overrun", k, measured, judge(measured, k), summary=summary, table=table,
+    return Result("overrun", k, measured, judge(measured, k), table=table,
                   events=events, data={"segments": segs})
 
 

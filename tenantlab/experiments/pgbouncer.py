@@ -200,7 +200,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
     if not pooler.installed():
         skipped: dict[str, Any] = {"pgbouncer_version": None, "skipped": pooler.INSTALL}
         return Result("pgbouncer", k, skipped, judge(skipped, k),
-                      summary=f"skipped: {pooler.INSTALL}", table=pd.DataFrame(columns=["form"]))
+                      table=pd.DataFrame(columns=["form"]))
     step = progress or (lambda n=1: None)
     evs: list[dict[str, Any]] = []
     facts = pooler_facts(k.pool_size)
@@ -254,7 +254,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
     }
     measured = plain(measured)
     table = pd.DataFrame([{"form": f"{form} form", **forms[form]} for form in forms])
-    return Result("pgbouncer", k, measured, judge(measured, k), summary=_summary(measured),
+    return Result("pgbouncer", k, measured, judge(measured, k),
                   table=table, data={"events": evs, "reads": reads_frame(evs)})
 
 
@@ -310,15 +310,3 @@ def prepared_failures(ps: dict[str, Any]) -> str:
     jobs = ", ".join(map(str, ps["default_failed_jobs"]))
     return (f"failed {ps['default_failed']} of {ps['default_jobs']} jobs (jobs {jobs}), "
             f"first at job {ps['default_failed_at']}")
-
-
-def _summary(m: dict[str, Any]) -> str:
-    sf, lf, ps = m["session_form"], m["local_form"], m["prepared_statements"]
-    rate = m["worker_jobs_per_s"]
-    return (f"PgBouncer {m['pgbouncer_version']}, pool {m['pool_size']}: session form "
-            f"{sf['wrong_tenant_reads']} of {sf['reads']} of B's reads under A's tenant, local form "
-            f"{lf['wrong_tenant_reads']} of {lf['reads']}; prepared statements "
-            f"{prepared_failures(ps)}, fixed by {', '.join(ps['fixed_by']) or 'nothing'}; "
-            f"advisory lock crossed {m['advisory_lock_crossed']}; LISTEN through the pooler "
-            f"{m['listen_through_pooler_works']}; corrected worker {rate['pgbouncer']:g} jobs/s "
-            f"through PgBouncer vs {rate['direct']:g} direct")

@@ -113,7 +113,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
     measured = {row["variant"]: {key: plain(v) for key, v in row.items()
                                  if key not in ("variant", "label")} for row in rows}
     verdict = judge(measured, k)
-    return Result("poison", k, measured, verdict, summary=_summary(measured), table=table,
+    return Result("poison", k, measured, verdict, table=table,
                   events=ev)
 
 
@@ -159,15 +159,3 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
                       "ran" if h["next_job_ran"] else "never ran"),
             ]
     return Verdict.of(checks, article=k.is_article_setup())
-
-
-def _summary(m: dict[str, Any]) -> str:
-    parts = []
-    if u := m.get("unhandled"):
-        parts.append(f"unhandled: picked {u['picked']} of {u['fetches']}, attempts {u['attempts']}, "
-                     f"job_runs {u['job_runs']}, next job ran {u['next_job_ran']}")
-    for name in ("handled", "leased"):
-        if h := m.get(name):
-            parts.append(f"{name}: {h['status']} after {h['attempts']}, next job ran "
-                         f"{h['next_job_ran']}")
-    return "; ".join(parts)

@@ -194,7 +194,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None,
     # The checks by their first names, as `reproduce --json` has written them from the start.
     measured["checks"] = {key: c.ok for key, c in zip(_check_keys(k), verdict.checks,
                                                       strict=True)}
-    return Result("reset", k, measured, verdict, summary=_summary(measured),
+    return Result("reset", k, measured, verdict,
                   table=costs(df, facts), data={"jobs": df})
 
 
@@ -352,15 +352,6 @@ def _error_text(error: str) -> str:
     # "UndefinedPreparedStatement: prepared statement ..." -> the server's message alone.
     return error.split(": ", 1)[-1] if error else ""
 
-
-def _summary(m: dict[str, Any]) -> str:
-    ms, r = m["ms_per_job"], m["ratio_to_leaky"]
-    return (
-        f"DISCARD ALL failed at job {m['discard_all_failed_at_job']}; RESET without commit opened "
-        f"{m['connections_opened'].get('reset_open_tx')} connections for "
-        f"{m['jobs_run'].get('reset_open_tx')} jobs ({ms.get('reset_open_tx')} ms/job vs "
-        f"{ms.get('leaky')} leaky); local {ms.get('local')} ms = {r.get('local')}x leaky"
-    )
 
 
 def trace_discard_all(prepare_threshold: int | None = tenant.DEFAULT_PREPARE_THRESHOLD,

@@ -417,7 +417,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None,
                 progress(1)
     df = pd.DataFrame(rows)
     measured = _measured(df, k)
-    return Result("vacuum", k, measured, judge(measured, k), summary=_summary(df),
+    return Result("vacuum", k, measured, judge(measured, k),
                   table=df)
 
 
@@ -479,17 +479,3 @@ def _exported_check(v: Variant, m: dict[str, Any]) -> finding.Check:
                      f"holds all {n:,} dead rows until its finish commits, then none", measured)
     return check(v.label, held == 0 and m["job"] == "done",
                  f"holds none of the {n:,} dead rows", measured)
-
-
-def _summary(df: pd.DataFrame) -> str:
-    lab = df[df["variant"].map(lambda n: BY_NAME[n].kind is None)]
-    held = lab[lab["expected_holds_back"]]["seconds"]
-    free = lab[~lab["expected_holds_back"]]["seconds"]
-    text = "; ".join(f"{r['variant']} {r['dead_not_removable']} held/{r['removable']} removed"
-                     for r in df.to_dict("records"))
-    if len(held) and len(free):
-        text += f"; short jobs {held.mean():.2f} s held vs {free.mean():.2f} s"
-    wrong = df[df["holds_back"] != df["expected_holds_back"]]["variant"].tolist()
-    if wrong:
-        text += f"; NOT as the article: {', '.join(wrong)}"
-    return text

@@ -159,7 +159,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
     measured = _measured(k, runs, tcp, why_not)
     table = pd.DataFrame([{"run": how, **r["facts"]} for how, r in runs.items()])
     data: dict[str, Any] = {**runs, "tcp": tcp}
-    return Result("vanish", k, measured, judge(measured, k), summary=_summary(measured),
+    return Result("vanish", k, measured, judge(measured, k),
                   table=table, data=data)
 
 
@@ -313,18 +313,6 @@ def _within(value: float | None, limit: float) -> bool:
 def _secs(value: float | None) -> str:
     return "not noticed" if value is None else f"{value:.1f} s"
 
-
-def _summary(m: dict[str, Any]) -> str:
-    n = m["server_noticed_s"]
-    timers = ", ".join(f"{k}: {_secs(v)}" for k, v in n.items() if k != "kernel defaults")
-    d = m["default_extrapolated_s"]
-    return (f"backend {m.get('backend_state_while_vanished')}, locks held "
-            f"{m['held_locks_while_vanished']}, horizon held {m['horizon_held']}; taken over "
-            f"after {m['taken_over_after_s']} s, late finish fenced {m['late_finish_fenced']}, "
-            f"{m['outside_executions']} outside calls; server noticed (from the cut): {timers}; "
-            f"{IDLE_TIMEOUT} ended it "
-            f"{_secs(m.get('idle_timeout_after_last_statement_s'))} after its last statement; kernel "
-            f"defaults (computed): " + ", ".join(f"{k} {v} s" for k, v in d.items()))
 
 
 def settings_table() -> pd.DataFrame:

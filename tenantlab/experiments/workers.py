@@ -269,7 +269,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
         recheck = recheck_lock(s)
     table = pd.DataFrame(rows)
     measured = plain({**_measured(table, k), "recheck_lock": recheck})
-    return Result("workers", k, measured, judge(measured, k), summary=_summary(measured),
+    return Result("workers", k, measured, judge(measured, k),
                   table=table)
 
 
@@ -394,21 +394,3 @@ def _kinds(shares: dict[str, float]) -> str:
 
 def _ids(ids: list[int]) -> str:
     return ", ".join(map(str, ids)) or "none"
-
-
-def _summary(m: dict[str, Any]) -> str:
-    text = ("SKIP LOCKED jobs/s " + ", ".join(f"{w}: {r:g}" for w, r in m["jobs_per_s"].items())
-            + (f" (bends after {m['bends_after']}" if m["bends_after"] else " (still growing")
-            + f", {m['cores']} cores); claim p95 ms "
-            + ", ".join(f"{w}: {v:.3g}" for w, v in m["claim_ms_p95"].items())
-            + f"; duplicates {m['duplicates']}; SKIP LOCKED row-lock waits "
-            + ", ".join(f"{w}: {s:.1%}" for w, s in m["lock_wait_share"].items())
-            + f" (claims waiting: {sum(m.get('claim_waits', {}).values())})")
-    if r := m.get("recheck_lock"):
-        text += ("; re-check lock: a finish waited on the claim that re-checked its job "
-                 f"{r['recheck']['finish_waited']}, without the re-check "
-                 f"{r['control']['finish_waited']}")
-    if p := m.get("plain_for_update"):
-        text += ("; plain FOR UPDATE lock-wait share " + ", ".join(
-            f"{w}: {s:.0%}" for w, s in p["lock_wait_share"].items()))
-    return text
