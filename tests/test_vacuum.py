@@ -54,7 +54,9 @@ def test_these_long_jobs_hold_vacuum_back(outcome: Result, variant: str) -> None
     assert row["short_jobs"] == SHORT
     # Every short job left dead row versions behind: none may go while the long job runs.
     assert row["dead_not_removable"] >= SHORT
-    assert row["removable"] == 0
+    # None of theirs may go. One row version may: the leased claim's own, committed before the
+    # long transaction began (unless a page prune took it first: it varies from run to run).
+    assert row["removable"] <= (1 if variant == "leased_wrote" else 0)
     assert row["long_job_holds"] == ("snapshot" if variant == "repeatable_read" else "xid")
 
 
