@@ -66,7 +66,7 @@ def test_free_fetch_reads_far_less_than_held(admin_dsn: str) -> None:
     assert _end(free) * 2 <= _end(held)
     # The verdict's buffer checks, on these two real runs: they hold with the holder...
     behaviour = {"held: every fetch reads more", "held reads more than free",
-                 "status 'done' reads more too", "REPEATABLE READ reads more too",
+                 "EXPLAIN reads more, held", "status 'done' reads more too", "REPEATABLE READ reads more too",
                  "few buffers after release"}
     with_holder = horizon.judge(horizon._measured(_as_runs(held, free)))
     assert {c.name for c in with_holder.checks if not c.timing} == behaviour
@@ -75,7 +75,8 @@ def test_free_fetch_reads_far_less_than_held(admin_dsn: str) -> None:
     without = horizon.judge(horizon._measured(_as_runs(free, free)))
     failed = {c.name for c in without.checks if not c.ok and not c.timing}
     assert failed >= {"held: every fetch reads more", "held reads more than free",
-                      "status 'done' reads more too", "REPEATABLE READ reads more too"}, \
+                      "EXPLAIN reads more, held", "status 'done' reads more too",
+                      "REPEATABLE READ reads more too"}, \
         without.line()
 
 
@@ -195,7 +196,7 @@ def test_reproduce_horizon_keys(admin_dsn: str) -> None:
     assert {"buffers_per_10k", "slope_ci_ms_per_10k"} <= set(m)
     assert list(m["block_buffers"]) == list(m["slope_ci_ms_per_10k"]) == runs[:-1]
     behaviour = {k: c for k, c in out["verdict"]["checks"].items() if not c["timing"]}
-    assert len(behaviour) == 5 and all(c["ok"] for c in behaviour.values()), behaviour
+    assert len(behaviour) == 6 and all(c["ok"] for c in behaviour.values()), behaviour
 
 
 @pytest.mark.notebook
