@@ -35,6 +35,12 @@ def test_article_variants_leak_exactly_as_the_article_says(admin_dsn: str) -> No
     # What leaked is a tenant context the borrower never set: the one its count matches.
     leaked = df[(df.actor == "borrower") & df.leaked]
     assert list(leaked.invoices_seen) == [TENANT_INVOICES[t] for t in leaked.context]
+    # The cause removed: the local form in place of the session form. What this run's local
+    # borrower saw, judged as the session run, fails the session run's check (nothing leaked).
+    seen = res.measured["seen_after_job"]
+    without = leak.judge({"seen_after_job": {**seen, "session": seen["local"]}})
+    assert [c.name for c in without.checks if not c.ok] == [
+        "session form, all succeed: the borrower saw"]
 
 
 def test_the_model_gives_the_articles_numbers() -> None:

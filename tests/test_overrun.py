@@ -54,6 +54,17 @@ def test_verdict_is_against_the_expectation_at_other_durations(result: Result) -
 
 
 @pytest.mark.slow
+def test_with_the_cause_removed_the_lease_only_check_fails(result: Result) -> None:
+    # The cause removed: a lease that does not run out under the job (the heartbeat's run,
+    # measured here) in place of the lease alone. Judged as the lease-only run, it fails.
+    m = {key: {**value, "lease_only": value["heartbeat"]}
+         if isinstance(value, dict) and "heartbeat" in value else value
+         for key, value in result.measured.items()}
+    without = overrun.judge(m, MARGINS)
+    assert [c.name for c in without.checks if not c.ok] == ["lease only"], without.line()
+
+
+@pytest.mark.slow
 def test_lease_only_both_executions_wrote(result: Result) -> None:
     row = _row(result, "lease_only")
     assert row.db_runs == 2 and row.completions == 2 and row.fenced == 0

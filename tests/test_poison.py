@@ -25,6 +25,12 @@ def test_poison_reproduces_with_real_workers(admin_dsn: str) -> None:
     # Every claim the worker made is on the timeline; the unhandled ones left no row behind.
     claims = res.events[(res.events.worker == "unhandled") & (res.events.event == "claim")]
     assert len(claims) == 10
+    # The cause removed: a claim that counts the attempt (the leased design's, measured in this
+    # run) in place of the unhandled one. Judged as the unhandled run, its checks fail.
+    without = poison.judge({"unhandled": {**s["leased"], "fetches": 10}})
+    assert [c.name for c in without.checks if not c.ok] == [
+        "unhandled: picked every fetch", "unhandled: never counted",
+        "unhandled: the job behind it"]
 
 
 def test_poison_max_attempts_is_a_knob(admin_dsn: str) -> None:

@@ -90,6 +90,19 @@ def test_measured_carries_the_contract(admin_dsn: str) -> None:
     assert len(behaviours) == 4 and all(behaviours.values()), res.verdict.line()
     assert res.table.variant.tolist() == list(reset.NAMES)
     assert len(res.data["jobs"]) == 5 * 30 + 12
+    # The causes removed, from this run: no DISCARD ALL (the RESET + commit variant: no job
+    # failed) for the DISCARD ALL run, and RESET with its commit for the one without.
+    jobs = res.data["jobs"]
+    assert jobs[jobs.variant == "reset"].error.isna().all()
+    without = reset.judge({**m, "discard_all_failed_at_job": None, "discard_all_error": None,
+                           "connections_opened": {**m["connections_opened"], "reset_open_tx":
+                                                  m["connections_opened"]["reset"]},
+                           "pool_warnings": {**m["pool_warnings"], "reset_open_tx":
+                                             m["pool_warnings"].get("reset", 0)}}, knobs)
+    assert [c.name for c in without.checks if not c.ok and not c.timing] == [
+        "DISCARD ALL, prepared statements on: a job fails",
+        "RESET without commit: a new connection per job",
+        "RESET without commit: a pool warning per job"]
 
 
 def test_judge_says_the_threshold_and_applies_it() -> None:

@@ -48,8 +48,18 @@ def test_restarts_lose_nothing_and_the_key_dedupes(admin_dsn: str) -> None:
     assert [r["when"] for r in m["restarts"]] == ["an arbitrary moment", "right after a claim"]
     assert m["claimed_job"]["status"] == "done"
     assert m["recovered_s"] > 0
+    assert m["repeated_within_an_attempt"] == 0
     assert res.verdict.valid, res.verdict.line()
     assert restart.judge(m, res.knobs).valid
+    # The causes removed, from this run's naive queue (its claim rolls back with a crash, so a
+    # retry is the same attempt again) and from its calls without the key (each one an effect):
+    # judged as the production queue, the checks they bear on fail when a call was repeated.
+    n = m["naive"]
+    without_counted_claim = restart.judge({**m, "repeated_within_an_attempt":
+                                           n["repeated_within_an_attempt"]})
+    without_key = restart.judge({**m, "effects_with_idempotency_key": m["calls_made"]})
+    assert without_counted_claim.valid is (n["repeated_within_an_attempt"] == 0)
+    assert without_key.valid is (m["side_effects_repeated"] == 0)
     assert_nothing_left(admin_dsn)
 
 

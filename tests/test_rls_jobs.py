@@ -20,6 +20,12 @@ def test_policy_on_jobs_hides_every_job_without_an_error(admin_dsn: str) -> None
     assert s["visible_as_tenant_7"] == 1
     assert (s["visible_after_fix"], s["done_after_fix"], s["counted_right_after_fix"]) \
         == (100, 100, 100)
+    # The cause removed: no policy on jobs (this run after the fix). What the worker saw and
+    # claimed then, judged as the trap, fails the trap's checks: the queue is not empty.
+    without = rls_jobs.judge({**s, "visible_without_tenant": s["visible_after_fix"],
+                              "claimed": s["done_after_fix"]})
+    assert [c.name for c in without.checks if not c.ok] == [
+        "jobs visible without tenant context", "claim without tenant context"]
 
 
 @pytest.mark.notebook
