@@ -7,7 +7,10 @@ A finding module (``tenantlab/experiments/<id>.py``) defines:
 - ``Knobs``: a frozen dataclass of this module's :class:`Knobs` kind; its defaults are the
   workshop size and ``Knobs.full()`` the article's sizes; fields made with :func:`knob` carry
   the range a slider offers;
-- ``run(knobs=None, *, live=None, progress=None) -> Result``: one live measurement;
+- ``run(knobs=None, *, live=None, progress=None) -> Result``: one live measurement; ``live``,
+  when given, has ``update(frame, **latest)``: the rows measured so far as a DataFrame (a
+  chart redraws from it), and what the latest step saw beside them (a monitor's sample);
+  ``progress(n=1)`` counts steps; ``knobs=None`` is the size TENANTLAB_SIZE asks for;
 - ``judge(measured, knobs) -> Verdict``: named checks over the measured values alone, so a
   verdict can be recomputed from a ``reproduce --json`` file.
 
@@ -233,7 +236,6 @@ class Result:
     knobs: Knobs
     measured: dict[str, Any]
     verdict: Verdict
-    summary: str = ""
     table: pd.DataFrame | None = None
     events: pd.DataFrame | None = None
     data: dict[str, Any] = field(default_factory=dict)
@@ -241,6 +243,11 @@ class Result:
     @property
     def reproduced(self) -> bool:
         return self.verdict.valid
+
+    @property
+    def summary(self) -> str:
+        """Return the verdict's own line: what every check measured, marked ✓ or ✗."""
+        return self.verdict.line()
 
     def _repr_html_(self) -> str:
         return self.verdict._repr_html_()

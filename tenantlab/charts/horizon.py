@@ -107,6 +107,14 @@ class Live:
         if self.monitor is not None:
             self.monitor.value = monitor_html(sample, row)
 
+    def update(self, frame: pd.DataFrame, sample: Any = None) -> None:
+        """The finding's live protocol: every block so far, and the latest block's sample."""
+        self.rows = frame.to_dict("records")
+        if time.monotonic() - self.drawn >= self.every:
+            self.finish()
+        if self.monitor is not None and sample is not None and self.rows:
+            self.monitor.value = monitor_html(sample, self.rows[-1])
+
     def finish(self) -> None:
         """Redraw the chart with every block so far."""
         self.chart.update(pd.DataFrame(self.rows))

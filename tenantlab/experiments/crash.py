@@ -126,7 +126,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
     ``restart_after``: seconds between a leased crash and the next worker (must exceed the
     lease for the job to be claimable again).
     """
-    k = knobs or Knobs()
+    k = knobs or Knobs.sized()
     if not 1 <= k.max_attempts <= 10 or not 1 <= k.single_workers <= 20:
         raise ValueError("max_attempts must be 1..10 and single_workers 1..20")
     if not k.lease > 0 or k.restart_after < 0:
@@ -150,7 +150,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
             if progress:
                 progress(1)
         ev = r.events()
-    return Result("crash", k, measured, judge(measured, k), summary=_summary(measured),
+    return Result("crash", k, measured, judge(measured, k),
                   table=pd.DataFrame(rows), events=ev)
 
 
@@ -217,16 +217,3 @@ def _invisible_check(lz: dict[str, Any]) -> finding.Check:
 
 def _ran(ran: bool) -> str:
     return "ran" if ran else "never ran"
-
-
-def _summary(m: dict[str, Any]) -> str:
-    parts = []
-    if s := m.get("single"):
-        parts.append(f"single: {s['crashes']} of {s['workers']} workers died, job "
-                     f"{s['status']} with attempts {s['attempts']}, next job ran "
-                     f"{s['next_job_ran']}")
-    if lz := m.get("leased"):
-        parts.append(f"leased: {lz['crashes']} crashes, then {lz['status_before_reap']} with "
-                     f"attempts {lz['attempts']} (lease expired {lz['lease_expired']}), next job "
-                     f"ran {lz['next_job_ran']}, after the reaper {lz['status_after_reap']}")
-    return "; ".join(parts)

@@ -294,16 +294,21 @@ FLAT = 0.01
 def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
     """Run the article's runs and judge shape and ratios, not absolute milliseconds.
 
-    ``live(row)`` gets every block's row (with the monitor's sample) and ``progress(1)`` is
+    ``live.update(frame, sample=...)`` gets every block's rows so far (the finding contract's
+    one live protocol) with the monitor's sample of the latest block, and ``progress(1)`` is
     called per block.
     """
-    k = knobs or Knobs()
+    k = knobs or Knobs.sized()
     if not 0 < k.block <= min(k.jobs, k.variant_jobs):
         raise HorizonError(f"block must be between 1 and the jobs of every run, not {k.block}")
 
+    rows: list[dict[str, Any]] = []
+
     def step(row: dict[str, Any], name: str) -> None:
         if live is not None:
-            live(dict(row, variant=name))
+            rows.append({key: v for key, v in row.items() if key not in ("sample", "pids")}
+                        | {"variant": name})
+            live.update(pd.DataFrame(rows), sample=row.get("sample"))
         if progress is not None:
             progress(1)
 
@@ -321,7 +326,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
                "buffers_at_end": int(df["buffers"].iloc[-1]),
                "foreign_blocks": int((df["foreign_holders"] > 0).sum())}
         for name, df in measured_runs.items()}).T
-    return Result("horizon", k, measured, verdict, summary=_summary(measured), table=table,
+    return Result("horizon", k, measured, verdict, table=table,
                   data={"runs": measured_runs})
 
 
@@ -445,19 +450,3 @@ def _r_squared(medians: list[float], block: int) -> float | None:
         return None
     r = np.corrcoef([block * (i + 1) for i in range(len(medians))], medians)[0, 1]
     return float(r * r)
-
-
-def _summary(m: dict[str, Any]) -> str:
-    held, free = m["block_median_ms"]["held"], m["block_median_ms"]["free"]
-    ex = m["explain"]
-    text = (f"held {held[0]:.2f} -> {held[-1]:.2f} ms over {m['jobs']:,} jobs, free "
-            f"{free[0]:.2f} -> {free[-1]:.2f}; EXPLAIN at {ex['held']['at_jobs']:,}: "
-            f"{ex['held']['buffers']} vs {ex['free']['buffers']} buffers; after release "
-            f"{m['after_release_ms']:.2f} ms")
-    if m["failed_checks"]:
-        text += f"; NOT: {', '.join(m['failed_checks'])}"
-    if m["disturbed_by_other_sessions"]:
-        # Not our holder: the horizon is cluster-wide, and the server was shared meanwhile.
-        text += (" (other sessions' long transactions held the horizon during: "
-                 f"{', '.join(m['disturbed_by_other_sessions'])})")
-    return text

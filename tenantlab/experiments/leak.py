@@ -151,7 +151,7 @@ def _row(variant: Variant, job: int, actor: str, tenant_id: int | None, outcome:
 def run(knobs: Knobs | None = None, *, live: Any = None,
         progress: Callable[[int], None] | None = None) -> Result:
     """Run each of the knobs' runs in one scratch database; return the steps and the verdict."""
-    k = knobs or Knobs()
+    k = knobs or Knobs.sized()
     variants = k.variants()  # unknown runs and a failing job past the last fail before any run
     if not 1 <= k.fail_job <= k.jobs:
         raise ValueError(f"the failing job must be between 1 and {k.jobs}, not {k.fail_job}")

@@ -178,7 +178,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
     (``tenantlab.charts.overrun.chart`` draws them). ``data["segments"]``: every variant's
     Gantt rows, with a ``variant`` column, as are the events.
     """
-    k = knobs or Knobs()
+    k = knobs or Knobs.sized()
     chosen = k.chosen()
     for v in chosen:
         v.worker_options(k)  # refuse bad knobs before any process starts

@@ -94,7 +94,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
 
     ``backoff`` spaces the leased design's retries (0.2 s doubling).
     """
-    k = knobs or Knobs()
+    k = knobs or Knobs.sized()
     unknown = [v for v in k.variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variant {unknown[0]!r}; valid: {', '.join(VARIANTS)}")

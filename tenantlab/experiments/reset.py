@@ -102,7 +102,7 @@ class Knobs(finding.Knobs):
 
 def total_jobs(knobs: Knobs | None = None) -> int:
     """Return how many jobs run() will run: the total for a progress bar."""
-    k = knobs or Knobs()
+    k = knobs or Knobs.sized()
     return k.runs * sum(k.size(v)[0] for v in k.selected())
 
 
@@ -175,7 +175,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None,
     Interleaved (all variants, then all again) so that a busy moment on the machine hits every
     variant, not one.
     """
-    k = knobs or Knobs()
+    k = knobs or Knobs.sized()
     variants = k.selected()
     rows: list[dict[str, Any]] = []
     facts: list[dict[str, Any]] = []

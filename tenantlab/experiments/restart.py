@@ -75,10 +75,10 @@ class Queue:
 
 def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
     """Restart a throwaway cluster twice under both designs' workers; measure what survived."""
-    k = knobs or Knobs()
+    k = knobs or Knobs.sized()
     if why := _cluster.available():
         m = {"skipped": f"no throwaway cluster here: {why}"}
-        return Result("restart", k, m, judge(m, k), summary=m["skipped"])
+        return Result("restart", k, m, judge(m, k))
     with _cluster.cluster("restart") as c, tempfile.TemporaryDirectory(prefix="tenantlab-") as tmp:
         with db.scratch("restart production", c.dsn) as prod, \
                 db.scratch("restart naive", c.dsn) as naive:
@@ -97,7 +97,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
             claimed = _claimed_job(prod, outcome["production"], restarts[-1].get("job"))
     measured = _measured(k, outcome, exited, restarts, settled_s, claimed)
     table = pd.DataFrame([{"design": d, **o["counts"]} for d, o in outcome.items()])
-    return Result("restart", k, measured, judge(measured, k), summary=_summary(measured),
+    return Result("restart", k, measured, judge(measured, k),
                   table=table, data={"restarts": restarts, "outcome": outcome})
 
 
@@ -287,13 +287,3 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
               f"{m['naive']['lost']}, {m['naive']['finished_twice']}; {ex['naive']} naive "
               "workers exited"),
     ], article=False)
-
-
-def _summary(m: dict[str, Any]) -> str:
-    if "skipped" in m:
-        return str(m["skipped"])
-    return (f"{m['jobs']} jobs, 2 crash restarts: lost {m['lost']}, finished twice "
-            f"{m['finished_twice']}, calls repeated {m['side_effects_repeated']} of "
-            f"{m['calls_made']}, effects with the key {m['effects_with_idempotency_key']}; "
-            f"workers exited: production {m['workers_exited']['production']}, naive "
-            f"{m['workers_exited']['naive']}; recovered in {m['recovered_s']} s at worst")

@@ -46,7 +46,7 @@ def _worker_process(run: WorkersRun, name: str) -> tuple[int, pd.DataFrame]:
 
 def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -> Result:
     """Show the trap and the fix; return the script's steps (table), measured values, events."""
-    k = knobs or Knobs()
+    k = knobs or Knobs.sized()
     jobs = k.jobs
     if not 1 <= jobs <= 10_000:
         raise ValueError(f"jobs must be 1..10000, not {jobs}")

@@ -397,7 +397,7 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None,
     ``live`` (a ``LiveChart``) is redrawn and ``progress(1)`` called as each variant ends;
     ``watch`` gets each variant's phases (``"holding"``, ``"done"``; see ``run_variant``).
     """
-    k = knobs or Knobs()
+    k = knobs or Knobs.sized()
     unknown = [n for n in k.variants if n not in BY_NAME]
     if unknown or not k.variants:
         raise VacuumError(f"unknown variant {', '.join(unknown) or '(none)'}; "
