@@ -58,7 +58,9 @@ def knob(default: Any, *, full: Any = None, lo: float | None = None, hi: float |
     """
     meta = {"full": default if full is None else full, "lo": lo, "hi": hi, "step": step,
             "label": label, "choices": choices, "at_least": at_least, "at_most": at_most,
-            "one_of": one_of or choices}
+            # A dropdown's choices are values, or (label, value) pairs.
+            "one_of": one_of or tuple(c[1] if isinstance(c, tuple) and len(c) == 2 else c
+                                      for c in choices)}
     if isinstance(default, list | dict | set):
         raise TypeError("a knob's default must be immutable (use a tuple)")
     return field(default=default, metadata={"knob": meta})

@@ -127,3 +127,16 @@ def test_every_experiment_module_is_a_finding_or_a_named_demonstration() -> None
     assert modules == findings | set(DEMONSTRATIONS), modules ^ (findings | set(DEMONSTRATIONS))
     assert not findings & set(DEMONSTRATIONS)
     assert all((ROOT / "notebooks" / nb).exists() for nb in DEMONSTRATIONS.values())
+
+
+@pytest.mark.parametrize("fid", list(REGISTRY))
+def test_every_value_a_control_offers_is_a_valid_knob(fid: str) -> None:
+    kind = get(fid).module.Knobs
+    for control in kind().controls():
+        for value in control["one_of"] or (control["lo"], control["hi"]):
+            if value is None:
+                continue
+            try:  # a slider's ends, every dropdown value: valid by the knob's own metadata
+                kind.of(**{control["name"]: value})
+            except finding.KnobError as e:  # only a rule across knobs may refuse it
+                assert not str(e).startswith(("knob ", "unknown ")), e
