@@ -110,7 +110,9 @@ def test_reproduce_leak_keys(admin_dsn: str) -> None:
     assert out["reproduced"] is True and out["verdict"]["valid"] is True
     assert out["measured"]["seen_after_job"] == leak.ARTICLE["seen_after_job"]
     assert out["measured"]["as_article"] == dict.fromkeys(leak.ARTICLE["seen_after_job"], True)
-    assert out["summary"].startswith("borrower saw session: 20,000, 10,000, 6,666;")
+    # The line is the verdict's own: each check with what it measured.
+    assert out["summary"].startswith("✓ session form, all succeed: the borrower saw: "
+                                     "20,000, 10,000, 6,666;")
 
 
 @pytest.mark.notebook

@@ -145,7 +145,8 @@ def test_reproduce_reset_keys(admin_dsn: str) -> None:
         "discard_all_unprepared_failures", "connections_opened", "jobs_run",
         "connections_opened_per_run", "pool_warnings", "pool_warning_examples", "sizes",
         "checks"}
-    assert out["summary"].startswith("DISCARD ALL failed at job 7; RESET without commit opened")
+    assert out["summary"].startswith("✓ DISCARD ALL, prepared statements on: a job fails: "
+                                     "fails at job 7")
     assert out["verdict"]["against"] == "the article"
     checks = dict(out["measured"]["checks"])
     checks.pop("local_about_as_cheap_as_leaky")  # a timing claim: not asserted in a test
