@@ -203,3 +203,21 @@ def test_reproduce_horizon_keys(admin_dsn: str) -> None:
 def test_notebook_07_runs_top_to_bottom(admin_dsn: str) -> None:
     # No verdict asserted here: the browser test requires 07's behavioural (buffer) checks.
     run_clean("07-the-horizon-and-a-slow-queue.ipynb", admin_dsn)
+
+
+def test_straight_and_flat_are_judged_against_the_run_s_own_noise() -> None:
+    # Noise on the free line (±5 %) is the yardstick: a held line as noisy but straight passes,
+    # a held line that jumps once (a bend, not a climb) fails; one spike does not lift the free
+    # line, a free line that really climbs does.
+    free = [0.30, 0.32, 0.29, 0.31, 0.30, 0.28, 0.31, 0.30]
+    noisy = [0.3 + 0.07 * i * (1 + (-0.05 if i % 2 else 0.05)) for i in range(8)]
+    step = [0.3] * 4 + [0.8] * 4
+    spike = free[:-1] + [0.5]
+
+    def judged(held: list[float], free_line: list[float]) -> dict[str, bool]:
+        return {c.name: c.ok for c in horizon.judge(_measured(held, free_line, 0.3)).checks}
+
+    assert judged(noisy, free)["held line is straight"]
+    assert not judged(step, free)["held line is straight"]
+    assert judged(noisy, spike)["free line flat"]
+    assert not judged(noisy, [0.3 + 0.05 * i for i in range(8)])["free line flat"]
