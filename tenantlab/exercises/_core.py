@@ -17,7 +17,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,13 +223,7 @@ class Outcome:
 
     def _repr_html_(self) -> str:
         colour = "#1b7a2e" if self.correct else "#8a5a00"
-        rows = "".join(
-            f"<tr class='tenantlab-exercise-check' data-ok='{int(c.ok)}'>"
-            f"<td style='text-align:left'>{html.escape(c.name)}</td>"
-            f"<td style='text-align:left'>{html.escape(c.expected)}</td>"
-            f"<td style='text-align:left'>{html.escape(c.measured)}</td>"
-            f"<td style='color:{'#1b7a2e' if c.ok else '#8a5a00'}'>"
-            f"{OK if c.ok else NOT_YET}</td></tr>" for c in self.checks)
+        rows = "".join(_check_row(c) for c in self.checks)
         table = (
             "<table style='table-layout:fixed;width:100%;border-collapse:collapse'>"
             "<thead><tr><th style='text-align:left;width:24%'>check</th>"
@@ -250,6 +244,15 @@ class Outcome:
             "box-sizing:border-box;overflow-wrap:anywhere'>"
             f"<div style='font-weight:bold;color:{colour}'>{html.escape(self.headline())}</div>"
             f"{table}{more}{solution}</div>")
+
+
+def _check_row(c: Check) -> str:
+    """Return one check's table row: name, expected, measured (escaped), then ✓ or not yet."""
+    cells = "".join(f"<td style='text-align:left'>{html.escape(text)}</td>"
+                    for text in (c.name, c.expected, c.measured))
+    mark = (f"<td style='color:#1b7a2e'>{OK}</td>" if c.ok
+            else f"<td style='color:#8a5a00'>{NOT_YET}</td>")
+    return f"<tr class='tenantlab-exercise-check' data-ok='{int(c.ok)}'>{cells}{mark}</tr>"
 
 
 @dataclass(frozen=True)
@@ -405,7 +408,72 @@ def record(exercise: str, correct: bool) -> None:
         log.warning("could not keep exercise progress in %s: %s", path, e)
 
 
-# --- claims and finishes ---------------------------------------------------------------------
+# --- the queue's claims and finishes ---------------------------------------------------------
+
+#: The single-transaction claim (naive): its `begin` keeps the count in the work's transaction.
+NAIVE_CLAIM = """\
+begin;
+update jobs set attempts = attempts + 1
+ where id = (select id from jobs
+              where status = 'queued'
+              order by id limit 1
+              for update skip locked)
+returning id, tenant_id, attempts as attempt;
+"""
+
+#: The leased claim: commits on its own, marks the job running, counts, sets the lease.
+LEASED_CLAIM = """\
+update jobs
+   set status = 'running', attempts = attempts + 1,
+       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
+ where id = (select id from claimable
+              order by claimable_at, id limit 1
+              for update skip locked)
+returning id, tenant_id, attempts as attempt;
+"""
+
+
+def refuse_if(answer: str, pattern: str, reason: str) -> None:
+    """Raise Refused(reason) when the answer matches pattern (a status it must not write)."""
+    if re.search(pattern, answer):
+        raise Refused(reason)
+
+
+def refuse_final_status(answer: str, why: str) -> None:
+    """Refuse a claim that writes 'dead' or 'done' itself; why says whose job that is."""
+    refuse_if(answer, r"'(dead|done)'",
+              f"your claim writes a final status ('dead' or 'done') itself: {why}")
+
+
+def fill_queue(admin: psycopg.Connection, batches: Iterable[tuple[int, str, int]],
+               max_attempts: int = 3) -> Jobs:
+    """Empty the queue, enqueue each (tenant, kind, count) batch of instant jobs, watch them."""
+    admin.execute(q("reset_queue"))
+    for tenant, kind, count in batches:
+        admin.execute(q("enqueue_demo"), {"tenant": tenant, "kind": kind, "seconds": 0.0,
+                                          "count": count, "max_attempts": max_attempts,
+                                          "write": False})
+    return Jobs(admin)
+
+
+def claim_within_budget(conn: psycopg.Connection, text: str, params: dict[str, Any],
+                        what: str) -> list[tuple[int, int]] | None:
+    """Run a claim and return what it took; None when it took a job whose attempts are spent.
+
+    The constraint attempts_within_budget refuses such a claim: the nudge names it.
+    """
+    try:
+        return claimed(run_answer(conn, text, params, what), what)
+    except AnswerFailed as e:
+        if e.constraint != "attempts_within_budget":
+            raise
+        return None
+
+
+def behind_done(nxt: dict[str, Any], nudge: str) -> tuple[Check, str]:
+    """Return the check that the job behind the bad one ended done, with its nudge."""
+    return check("the job behind it", nxt["status"] == "done", "done", nxt["status"]), nudge
+
 
 def claimed(cur: psycopg.Cursor[Any], what: str) -> list[tuple[int, int]]:
     """Return (job id, attempt) per row the claim returned; a wrong shape is one line."""

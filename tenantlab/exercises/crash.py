@@ -11,7 +11,6 @@ lease (0.3 s) has run out.
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
@@ -19,13 +18,15 @@ from .. import db
 from ..finding import Check, check
 from ..queries import q
 from ._core import (
-    AnswerFailed,
+    LEASED_CLAIM,
+    NAIVE_CLAIM,
     Exercise,
-    Jobs,
-    Refused,
-    claimed,
+    behind_done,
+    claim_within_budget,
+    fill_queue,
     first_nudge,
     in_transaction,
+    refuse_if,
     run_answer,
     split_work,
     worker,
@@ -36,29 +37,15 @@ MAX_ATTEMPTS = 3
 LEASE = 0.3
 CRASH, NEXT = 1, 2
 
-STARTER = """\
-begin;
-update jobs set attempts = attempts + 1
- where id = (select id from jobs
-              where status = 'queued'
-              order by id limit 1
-              for update skip locked)
-returning id, tenant_id, attempts as attempt;
--- work: the kit runs the job here (the first job kills its worker)
+_WORK = "-- work: the kit runs the job here (the first job kills its worker)\n"
+
+STARTER = NAIVE_CLAIM + _WORK + """\
 update jobs set status = 'done', finished = clock_timestamp()
  where id = %(id)s;
 commit;
 """
 
-ANSWER = """\
-update jobs
-   set status = 'running', attempts = attempts + 1,
-       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id = (select id from claimable
-              order by claimable_at, id limit 1
-              for update skip locked)
-returning id, tenant_id, attempts as attempt;
--- work: the kit runs the job here (the first job kills its worker)
+ANSWER = LEASED_CLAIM + _WORK + """\
 update jobs set status = 'done', locked_until = null, finished = clock_timestamp()
  where id = %(id)s and attempts = %(attempt)s and status = 'running';
 """
@@ -77,9 +64,8 @@ HINTS = (
 
 def screen(answer: str) -> None:
     split_work(answer)  # a script without its `-- work` line: one line, before any database
-    if re.search(r"'dead'", answer):
-        raise Refused("your script marks a job 'dead' itself: after a crash nothing of the "
-                      "worker runs; the claim has to make the crash count")
+    refuse_if(answer, r"'dead'", "your script marks a job 'dead' itself: after a crash nothing "
+              "of the worker runs; the claim has to make the crash count")
 
 
 def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
@@ -88,21 +74,13 @@ def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
     m: dict[str, Any] = {"started": 0, "killed": 0, "after_first": None, "refused": None,
                          "left_open": False, "finish_changed": None}
     with s.connect("admin", "exercise crash", autocommit=True) as admin:
-        admin.execute(q("reset_queue"))
-        for kind, tenant in (("crash", 1), ("count", 2)):
-            admin.execute(q("enqueue_demo"), {"tenant": tenant, "kind": kind, "seconds": 0.0,
-                                              "count": 1, "max_attempts": MAX_ATTEMPTS,
-                                              "write": False})
-        jobs = Jobs(admin)
+        jobs = fill_queue(admin, ((1, "crash", 1), (2, "count", 1)), MAX_ATTEMPTS)
         for n in range(1, WORKERS + 1):
             m["started"] = n
             what = f"worker {n}'s claim"
             with worker(s, f"crash {n}") as conn:
-                try:
-                    took = claimed(run_answer(conn, claim, {"lease": LEASE}, what), what)
-                except AnswerFailed as e:
-                    if e.constraint != "attempts_within_budget":
-                        raise
+                took = claim_within_budget(conn, claim, {"lease": LEASE}, what)
+                if took is None:
                     m["refused"] = n
                     break
                 job, attempt = took[0] if took else (None, None)
@@ -172,7 +150,7 @@ def judge(m: dict[str, Any], crash: dict[str, Any], nxt: dict[str, Any]
                f"{m['killed']} of {m['started']} started"
                + (f" (worker {m['refused']}'s claim failed)" if m["refused"] else "")),
          killed_nudge),
-        (check("the job behind it", nxt["status"] == "done", "done", nxt["status"]), next_nudge),
+        behind_done(nxt, next_nudge),
     ]
     return first_nudge(pairs)
 

@@ -9,14 +9,22 @@ the position at which each small tenant's job was claimed.
 
 from __future__ import annotations
 
-import re
 from contextlib import ExitStack
 from typing import Any
 
 from .. import db
 from ..finding import Check, check
 from ..queries import q
-from ._core import Exercise, Jobs, Refused, claimed, first_nudge, run_answer, worker
+from ._core import (
+    LEASED_CLAIM,
+    Exercise,
+    claimed,
+    fill_queue,
+    first_nudge,
+    refuse_final_status,
+    run_answer,
+    worker,
+)
 
 BURST = 30
 SMALL = tuple(range(2, 8))
@@ -25,15 +33,7 @@ TOTAL = BURST + len(SMALL)
 #: A small tenant's job may wait for one round of the tenants with work, plus the claims in flight.
 BOUND = 2 * len(SMALL)
 
-STARTER = """\
-update jobs
-   set status = 'running', attempts = attempts + 1,
-       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id = (select id from claimable
-              order by claimable_at, id limit 1
-              for update skip locked)
-returning id, tenant_id, attempts as attempt;
-"""
+STARTER = LEASED_CLAIM
 
 ANSWER = """\
 update jobs
@@ -63,9 +63,7 @@ HINTS = (
 
 
 def screen(answer: str) -> None:
-    if re.search(r"'(dead|done)'", answer):
-        raise Refused("your claim writes a final status ('dead' or 'done') itself: a claim only "
-                      "takes jobs; the fenced finish marks them done")
+    refuse_final_status(answer, "a claim only takes jobs; the fenced finish marks them done")
 
 
 def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
@@ -74,11 +72,7 @@ def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
     bad_claim: dict[str, Any] | None = None
     twice: int | None = None
     with s.connect("admin", "exercise fair", autocommit=True) as admin, ExitStack() as stack:
-        admin.execute(q("reset_queue"))
-        for tenant, count in ((1, BURST), *((t, 1) for t in SMALL)):
-            admin.execute(q("enqueue_demo"), {"tenant": tenant, "kind": "count", "seconds": 0.0,
-                                              "count": count, "max_attempts": 3, "write": False})
-        jobs = Jobs(admin)
+        jobs = fill_queue(admin, ((1, "count", BURST), *((t, "count", 1) for t in SMALL)))
         workers = [stack.enter_context(worker(s, f"fair {n}")) for n in range(WORKERS)]
         seen: set[int] = set()
         for _ in range(TOTAL + 1):

@@ -17,7 +17,17 @@ import psycopg
 from .. import db
 from ..finding import Check, check
 from ..queries import q
-from ._core import Exercise, Jobs, Refused, claimed, finished_count, first_nudge, run_answer, worker
+from ._core import (
+    Exercise,
+    Jobs,
+    Refused,
+    claimed,
+    fill_queue,
+    finished_count,
+    first_nudge,
+    run_answer,
+    worker,
+)
 
 LEASE = 0.3
 JOB = 1
@@ -45,10 +55,7 @@ HINTS = (
 def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
     """Claim with A, let its lease run out, claim with B, then A's late finish and B's."""
     with s.connect("admin", "exercise overrun", autocommit=True) as admin:
-        admin.execute(q("reset_queue"))
-        admin.execute(q("enqueue_demo"), {"tenant": 1, "kind": "count", "seconds": 0.0,
-                                          "count": 1, "max_attempts": 3, "write": False})
-        jobs = Jobs(admin)
+        jobs = fill_queue(admin, ((1, "count", 1),))
         with worker(s, "overrun A") as a, worker(s, "overrun B") as b:
             claim = {"lease": LEASE, "kinds": ["count"], "batch": 1}
             (_, attempt_a), = claimed(a.execute(q("claim_leased"), claim), "A's claim")

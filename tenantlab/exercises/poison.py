@@ -10,7 +10,6 @@ new transaction; a success finishes with the fenced ``complete_if_owner``.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import psycopg
@@ -19,14 +18,16 @@ from .. import db
 from ..finding import Check, check
 from ..queries import q
 from ._core import (
-    AnswerFailed,
+    LEASED_CLAIM,
+    NAIVE_CLAIM,
     Exercise,
     Jobs,
-    Refused,
-    claimed,
+    behind_done,
+    claim_within_budget,
+    fill_queue,
     first_nudge,
     in_transaction,
-    run_answer,
+    refuse_final_status,
     worker,
 )
 
@@ -34,25 +35,8 @@ FETCHES = 10
 MAX_ATTEMPTS = 3
 POISON, NEXT = 1, 2
 
-STARTER = """\
-begin;
-update jobs set attempts = attempts + 1
- where id = (select id from jobs
-              where status = 'queued'
-              order by id limit 1
-              for update skip locked)
-returning id, tenant_id, attempts as attempt;
-"""
-
-ANSWER = """\
-update jobs
-   set status = 'running', attempts = attempts + 1,
-       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id = (select id from claimable
-              order by claimable_at, id limit 1
-              for update skip locked)
-returning id, tenant_id, attempts as attempt;
-"""
+STARTER = NAIVE_CLAIM
+ANSWER = LEASED_CLAIM
 
 HINTS = (
     "Look at attempts after ten fetches: 0. The claim did count, so where did its count go?",
@@ -67,9 +51,8 @@ HINTS = (
 
 
 def screen(answer: str) -> None:
-    if re.search(r"'(dead|done)'", answer):
-        raise Refused("your claim writes a final status ('dead' or 'done') itself: the claim "
-                      "only takes a job; what happens after a failure is the fenced fail's job")
+    refuse_final_status(answer, "the claim only takes a job; what happens after a failure is "
+                        "the fenced fail's job")
 
 
 def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
@@ -77,22 +60,14 @@ def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
     m: dict[str, Any] = {"picked": 0, "fetches": 0, "unrecorded": None, "refused": None,
                          "next_fenced": None}
     with s.connect("admin", "exercise poison", autocommit=True) as admin:
-        admin.execute(q("reset_queue"))
-        for kind, tenant in (("fail", 1), ("count", 2)):
-            admin.execute(q("enqueue_demo"), {"tenant": tenant, "kind": kind, "seconds": 0.0,
-                                              "count": 1, "max_attempts": MAX_ATTEMPTS,
-                                              "write": False})
-        jobs = Jobs(admin)
+        jobs = fill_queue(admin, ((1, "fail", 1), (2, "count", 1)), MAX_ATTEMPTS)
         with worker(s, "poison") as conn:
             for fetch in range(1, FETCHES + 1):
                 m["fetches"] = fetch
                 what = f"fetch {fetch}'s claim"
-                try:
-                    took = claimed(run_answer(conn, answer, {"lease": 30, "kinds": ["fail", "count"],
-                                                             "batch": 1}, what), what)
-                except AnswerFailed as e:
-                    if e.constraint != "attempts_within_budget":
-                        raise
+                took = claim_within_budget(conn, answer, {"lease": 30, "kinds": ["fail", "count"],
+                                                          "batch": 1}, what)
+                if took is None:
                     m["refused"] = fetch
                     break
                 for job, attempt in took:
@@ -160,7 +135,7 @@ def judge(m: dict[str, Any], states: dict[int, dict[str, Any]]) -> tuple[list[Ch
                and poison["attempts"] == MAX_ATTEMPTS,
                f"dead after {MAX_ATTEMPTS} attempts",
                f"{poison['status']}, attempts {poison['attempts']}, {picked}"), poison_nudge),
-        (check("the job behind it", nxt["status"] == "done", "done", nxt["status"]), next_nudge),
+        behind_done(nxt, next_nudge),
     ]
     return first_nudge(pairs)
 
