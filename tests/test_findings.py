@@ -140,3 +140,23 @@ def test_every_value_a_control_offers_is_a_valid_knob(fid: str) -> None:
                 kind.of(**{control["name"]: value})
             except finding.KnobError as e:  # only a rule across knobs may refuse it
                 assert not str(e).startswith(("knob ", "unknown ")), e
+
+
+def test_the_stored_run_is_judged_again_and_the_docs_state_it() -> None:
+    """docs/reproduce.json (`make reproduce`): today's judges agree with it, and the README's
+    matrix and FINDINGS.md are what it says, as Jepsen re-checks a stored history."""
+    import json
+
+    import findings_matrix
+    import readme_section
+
+    from tenantlab import reproduce
+
+    stored = json.loads(findings_doc.MEASURED.read_text())
+    assert stored["repeat"] >= 3 and list(stored["findings"]) == list(REGISTRY)
+    assert reproduce.rejudge(stored) == {i: [] for i in REGISTRY}, "run: make reproduce"
+    readme = readme_section.README.read_text()
+    section = readme.split("<!-- findings-matrix:start -->\n")[1]
+    section = section.split("\n<!-- findings-matrix:end")[0]
+    assert section == findings_matrix.matrix(stored), \
+        "run: python tools/findings_matrix.py docs/reproduce.json"
