@@ -20,7 +20,7 @@ from . import db, gitsave, labs, pgbouncer, reproduce, settings, validate
 from .errors import ConfigurationError, TenantlabError
 from .experiments import REGISTRY
 from .jobqueue.jobs import ConfigError, JobQueueError
-from .jobqueue.options import Parser
+from .jobqueue.options import Parser, count
 from .jobqueue.preflight import diagnose, refused_login
 from .server import REPO, ServerError, embedded, port_free
 
@@ -178,17 +178,6 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def _repeat(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= reproduce.MAX_REPEAT:
-        raise argparse.ArgumentTypeError(
-            f"repeat must be a whole number from 1 to {reproduce.MAX_REPEAT}, not {text!r}")
-    return value
-
-
 def cmd_uninstall(args: argparse.Namespace) -> int:
     dsn = db.admin_dsn()
     host = conninfo_to_dict(dsn).get("host", "")
@@ -247,7 +236,7 @@ def parser() -> argparse.ArgumentParser:
                      help=f"finding ids (default: all): {', '.join(REGISTRY)}")
     rep.add_argument("--full", action="store_true",
                      help="the article's sizes (slower; default: TENANTLAB_SIZE, else workshop)")
-    rep.add_argument("--repeat", type=_repeat, default=1, metavar="N",
+    rep.add_argument("--repeat", type=count("repeat", most=reproduce.MAX_REPEAT), default=1, metavar="N",
                      help="run every finding N times: reproduced k of N, numbers as ranges "
                           f"(1 to {reproduce.MAX_REPEAT}; default 1)")
     rep.add_argument("--json", metavar="FILE", type=validate.output_file,
@@ -353,7 +342,7 @@ def add_queue_commands(sub: argparse._SubParsersAction) -> None:
     """Add the worker, enqueue, reap, bench and export-worker subcommands."""
     from . import kinds
     from .jobqueue.cli import add_reap_flags
-    from .jobqueue.options import add_flags, count, seconds
+    from .jobqueue.options import add_flags, seconds
     from .worker import WorkerConfig
 
     w = sub.add_parser("worker", help="run a worker: claim and run jobs until stopped")

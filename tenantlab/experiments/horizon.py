@@ -458,15 +458,23 @@ def _climbs(buffers: list[int]) -> bool:
     return len(buffers) >= 2 and buffers[-1] >= CLIMB * max(buffers[0], 1)
 
 
-def _scatter_of(medians: list[float]) -> float | None:
-    """Return how far the medians stray from their least-squares line, as a share of their mean
-    (root-mean-square): noise on a slow fetch is larger in ms, not as a share."""
+def _fit(medians: list[float]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Return the medians and their least-squares line, per block; None below 3 blocks."""
     if len(medians) < 3:
         return None
     y = np.asarray(medians, dtype=float)
     x = np.arange(len(y), dtype=float)
     slope, intercept = np.polyfit(x, y, 1)
-    return float(np.sqrt(np.mean((y - (slope * x + intercept)) ** 2)) / max(y.mean(), 1e-9))
+    return y, slope * x + intercept
+
+
+def _scatter_of(medians: list[float]) -> float | None:
+    """Return how far the medians stray from their least-squares line, as a share of their mean
+    (root-mean-square): noise on a slow fetch is larger in ms, not as a share."""
+    if (fit := _fit(medians)) is None:
+        return None
+    y, line = fit
+    return float(np.sqrt(np.mean((y - line) ** 2)) / max(y.mean(), 1e-9))
 
 
 def _scatter(held: list[float], free: list[float]) -> tuple[float, float] | None:
@@ -481,11 +489,9 @@ def _scatter(held: list[float], free: list[float]) -> tuple[float, float] | None
 
 def _fitted_growth(medians: list[float]) -> float | None:
     """Return the fitted line's value at the last block over its value at the first."""
-    if len(medians) < 3:
+    if (fit := _fit(medians)) is None:
         return None
-    x = np.arange(len(medians), dtype=float)
-    slope, intercept = np.polyfit(x, np.asarray(medians, dtype=float), 1)
-    first, last = intercept, slope * x[-1] + intercept
+    first, last = fit[1][0], fit[1][-1]
     return float(last / first) if first > 0 else None
 
 
