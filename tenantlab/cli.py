@@ -376,6 +376,14 @@ def add_queue_commands(sub: argparse._SubParsersAction) -> None:
     bench.add_arguments(b)
     b.set_defaults(func=bench.cmd_bench)
 
+    qu = sub.add_parser("queue", help="see the queue and act on it: stats, jobs, show ID, "
+                                      "retry, cancel (python -m tenantlab.jobqueue's)")
+    from .jobqueue.cli import add_ops_commands
+
+    qsub = qu.add_subparsers(dest="queue_command", required=True, metavar="COMMAND")
+    for p in add_ops_commands(qsub, {"default": None, "type": validate.dsn, "help": DSN_HELP}):
+        p.set_defaults(func=cmd_queue, ops=p.get_default("func"))
+
     x = sub.add_parser("export-worker",
                        help="write the corrected worker into DIR as a standalone package")
     x.add_argument("dir", metavar="DIR", type=validate.directory,
@@ -401,6 +409,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"tenantlab worker: {e}", file=sys.stderr)
         return EXIT_CONFIG
     config.name = config.name or f"worker-{os.getpid()}"
+    if not args.verbose:
+        # The lab's worker records every job in its event log; its stderr (a pipe the
+        # experiments read at the end) gets the job lines only with -v.
+        logging.getLogger("tenantlab.jobs").setLevel(logging.CRITICAL)
     events = EventLog(config.name, args.events)
     try:
         worker = lab_worker(worker_dsn(args.dsn), config, events)
@@ -412,6 +424,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         events.close()
     return EXIT_STOPPED
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    """Run one of jobqueue's operator commands on the worker's DSN (the playground's)."""
+    from .worker import worker_dsn
+
+    args.dsn = worker_dsn(args.dsn)
+    return int(args.ops(args))
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:

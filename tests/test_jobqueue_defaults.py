@@ -398,6 +398,7 @@ grant select, insert, update, delete on jobqueue.jobs, jobqueue.job_runs to {wor
 grant select, update on jobqueue.claimable to {worker};
 grant select on jobqueue.migrations to {worker};
 grant select, insert, update on jobqueue.tenant_turns to {worker};
+grant select, insert, update, delete on jobqueue.workers to {worker};
 """
 
 

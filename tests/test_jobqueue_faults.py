@@ -115,7 +115,8 @@ def test_the_exported_worker_passes_the_matrix_from_a_bare_venv(
                       "grant select, insert, update, delete on jobqueue.jobs, jobqueue.job_runs to {}",
                       "grant select, update on jobqueue.claimable to {}",
                       "grant select on jobqueue.migrations to {}",
-                      "grant select, insert, update on jobqueue.tenant_turns to {}"):
+                      "grant select, insert, update on jobqueue.tenant_turns to {}",
+                      "grant select, insert, update, delete on jobqueue.workers to {}"):
             c.execute(sql.SQL(grant).format(sql.Identifier(str(worker_role))))
 
     r = alone(bare_venv, str(SCRIPT), "--package", "shop", "--dsn", worker, "--json", cwd=vendor)

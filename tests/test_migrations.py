@@ -107,8 +107,15 @@ def test_a_worker_refuses_a_schema_that_is_missing_behind_or_not_granted(
                                   "grant insert on jobqueue.job_runs to {r}; "
                                   "grant select, update on jobqueue.claimable to {r}")
                           .format(r=role))
+        with pytest.raises(ConfigError, match="lacks insert on jobqueue.workers, update on "
+                                              "jobqueue.workers, delete on jobqueue.workers"):
+            migrations.check(worker)
+        with as_owner(fresh_db) as owner:
+            owner.execute(sql.SQL("grant select, insert, update, delete on jobqueue.workers "
+                                  "to {r}").format(r=role))
         migrations.check(worker)  # all there
-        monkeypatch.setattr(migrations, "latest", lambda: 2)
-        with pytest.raises(ConfigError, match="at migration 1, this worker needs 2: run "
-                                              "`migrate"):
+        installed = migrations.latest()
+        monkeypatch.setattr(migrations, "latest", lambda: installed + 1)
+        with pytest.raises(ConfigError, match=f"at migration {installed}, this worker needs "
+                                              f"{installed + 1}: run `migrate"):
             migrations.check(worker)

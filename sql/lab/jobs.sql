@@ -20,6 +20,8 @@ grant select, update on claimable to tenantlab_worker;
 grant select on jobqueue.migrations to tenantlab_worker;
 -- The round-robin claim moves the tenants' turns (finding noisy-neighbour).
 grant select, insert, update on tenant_turns to tenantlab_worker;
+-- Workers say they are alive, and which kinds they serve (`stats`: kinds without a worker).
+grant select, insert, update, delete on jobqueue.workers to tenantlab_worker;
 
 -- What a demo job wrote in its own transaction (payload `"write": true`): a handler that writes
 -- takes a transaction id at that write and holds it until its finish commits (findings vacuum,
@@ -66,12 +68,13 @@ select j.id, j.tenant_id, j.kind, j.status, j.attempts, j.max_attempts,
 from jobs j
 order by j.id;
 
--- Run by the overrun experiment: every execution the database still shows for one job, with
--- whether it finished (a fenced execution's row rolled back with its work).
+-- Run by the overrun experiment: every execution of one job that the database kept as done,
+-- with whether it finished (a fenced execution's work rolled back; its own row, outcome
+-- 'fenced', is not a completion).
 -- name: job_runs_of
 select worker, attempt, started, finished
   from job_runs
- where job_id = %(id)s
+ where job_id = %(id)s and outcome = 'done'
  order by id;
 
 -- Run by the rls-jobs experiment and notebook 08: how many jobs this session can see.

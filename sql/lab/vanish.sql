@@ -40,7 +40,8 @@ select count(*) as jobs,
        count(*) filter (where status = 'done') as done,
        count(*) filter (where status = 'dead') as dead,
        count(*) filter (where status not in ('done', 'dead')) as unfinished,
-       (select count(*) from (select job_id from job_runs where finished is not null
+       (select count(*) from (select job_id from job_runs
+                               where finished is not null and outcome = 'done'
                                group by job_id having count(*) > 1) as twice) as finished_twice,
        coalesce(sum(attempts), 0) as attempts
   from jobs;

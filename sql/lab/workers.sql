@@ -53,12 +53,13 @@ select what, waiter, blocker, count(*) as sessions
   from kinds
  group by 1, 2, 3;
 
--- Run by both experiments at the end: every execution a job had (job_runs), so a job run
--- twice shows up, whatever the jobs table says.
+-- Run by both experiments at the end: every completed execution a job had (job_runs, outcome
+-- done), so a job run twice shows up, whatever the jobs table says.
 -- name: run_counts
 select count(*) as runs, count(distinct job_id) as jobs_run,
        count(*) - count(distinct job_id) as duplicates
-  from job_runs;
+  from job_runs
+ where outcome = 'done';
 
 -- Run by the noisy-neighbour experiment while workers drain: per group (the noisy tenant, the
 -- small ones), the jobs still queued and how long the oldest of them has waited so far.

@@ -1,9 +1,13 @@
-"""The command line: ``python -m tenantlab.jobqueue [worker|reap|prune|migrate] --dsn DSN``.
+"""The command line: ``python -m tenantlab.jobqueue [worker|reap|prune|migrate|OPS] --dsn DSN``.
 
 ``worker`` (the default) runs jobs with the handlers an application registered
 (``--handlers myapp.jobs`` imports that module first); ``reap`` gives expired leases a final
 state, once or ``--loop S``; ``prune --older-than S`` deletes finished jobs in batches;
 ``migrate`` (alias ``schema``) applies the queue's migrations, as the role that owns the schema.
+The operator's commands (ops.py): ``stats``, ``jobs [--status S] [--kind K] [--tenant T]``,
+``show ID``, ``retry ID`` / ``retry --dead [--kind K]``, ``cancel ID``; ``--json`` on each.
+Logs: failures at WARNING with their traceback, dead jobs at ERROR; ``-v`` adds a line per
+job; ``--log-format json`` writes one JSON object per line (logs.py).
 The DSN may come from ``JOBQUEUE_DSN`` instead of the command line (where ``ps`` would show its
 password).
 
@@ -21,15 +25,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import json
 import os
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
-from . import migrations
+from . import logs, migrations, ops
 from . import worker as w
 from .handlers import Handlers
 from .handlers import handlers as default_handlers
@@ -40,8 +45,10 @@ from .reaper import Reaper, ReaperConfig, prune
 
 PROG = f"python -m {__package__}"
 DSN_ENV = "JOBQUEUE_DSN"
-COMMANDS = ("worker", "reap", "prune", "migrate", "schema")
+OPS = ("stats", "jobs", "show", "retry", "cancel")
+COMMANDS = ("worker", "reap", "prune", "migrate", "schema", *OPS)
 DEBUG = "--debug"
+LOG_FORMAT = "--log-format"
 
 SIGNALS = ("SIGTERM or SIGINT stops the worker after its current job (or batch); a second one "
            "stops it at once (exit 130): the job in flight is rolled back and, once its lease "
@@ -84,6 +91,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log every job (any position)")
     p.add_argument(DEBUG, action="store_true",
                    help="show a traceback for configuration errors too (any position)")
+    p.add_argument(LOG_FORMAT, choices=logs.FORMATS, default="text",
+                   help="text (default) or json: one object per line (any position)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     dsn: dict[str, Any] = {"default": os.environ.get(DSN_ENV),
            "help": f"the database (default: ${DSN_ENV}); log in as an ordinary role"}
@@ -115,7 +124,174 @@ def parser() -> argparse.ArgumentParser:
                     help="the type of your tenant ids, fixed at install by the first migration "
                          "(default: bigint; later runs keep the installed type)")
     mi.set_defaults(func=cmd_migrate)
+    add_ops_commands(sub, dsn)
     return p
+
+
+# -- the operator's commands (ops.py) -------------------------------------------------------------
+
+def _job_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a job id is a positive integer, not {text!r}")
+    return value
+
+
+def add_ops_commands(sub: argparse._SubParsersAction,
+                     dsn: dict[str, Any]) -> list[argparse.ArgumentParser]:
+    """Add stats, jobs, show, retry and cancel (the kit's ``tenantlab queue`` has the same)."""
+    as_json = {"action": "store_true", "help": "print JSON (a stable contract, see ops.py)"}
+    st = sub.add_parser("stats", help="jobs per status, kind and tenant; the oldest wait; "
+                                      "kinds no running worker serves")
+    st.set_defaults(func=cmd_stats)
+    js = sub.add_parser("jobs", help="list jobs, newest first")
+    js.add_argument("--status", choices=ops.STATUSES, default=None)
+    js.add_argument("--kind", default=None)
+    js.add_argument("--tenant", default=None, help="a tenant id")
+    js.add_argument("--limit", type=count("limit"), default=50, help="at most N (default 50)")
+    js.set_defaults(func=cmd_jobs)
+    sh = sub.add_parser("show", help="one job and every attempt it had")
+    sh.add_argument("id", type=_job_id, metavar="ID")
+    sh.set_defaults(func=cmd_show)
+    rt = sub.add_parser("retry", help="queue a dead (or cancelled) job again, with a fresh "
+                                      "budget of attempts")
+    rt.add_argument("id", type=_job_id, metavar="ID", nargs="?")
+    rt.add_argument("--dead", action="store_true", help="every dead job (with --kind/--tenant: "
+                                                        "of that kind, of that tenant)")
+    rt.add_argument("--kind", default=None)
+    rt.add_argument("--tenant", default=None)
+    rt.add_argument("--attempts", type=count("attempts"), default=ops.RETRY_ATTEMPTS,
+                    help="attempts it gets (max_attempts = attempts so far + N; "
+                         "default %(default)s)")
+    rt.set_defaults(func=cmd_retry)
+    ca = sub.add_parser("cancel", help="cancel a queued job, or a running one cooperatively "
+                                       "(its handler sees claim.cancelled(); its finish is "
+                                       "fenced out)")
+    ca.add_argument("id", type=_job_id, metavar="ID")
+    ca.set_defaults(func=cmd_cancel)
+    for p in (st, js, sh, rt, ca):
+        p.add_argument("--dsn", **dsn)
+        p.add_argument("--json", **as_json)
+    return [st, js, sh, rt, ca]
+
+
+def _ops_conn(args: argparse.Namespace) -> psycopg.Connection:
+    return connect_checked(args.dsn, args.command)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _ops_conn(args) as conn:
+        data = ops.stats(conn)
+    if args.json:
+        print(ops.to_json(data))
+        return 0
+    jobs = data["jobs"]
+    print(ops.table([[s, jobs.get(s, 0)] for s in ops.STATUSES], ["status", "jobs"]))
+    print(f"\noldest queued job waiting: {ops.age(data['oldest_queued_s'])}")
+    if data["by_kind"]:
+        print()
+        print(ops.table([[k, *(c.get(s, 0) for s in ops.STATUSES)]
+                         for k, c in sorted(data["by_kind"].items())], ["kind", *ops.STATUSES]))
+    busy = sorted(data["by_tenant"].items(),
+                  key=lambda kv: -(kv[1].get("queued", 0) + kv[1].get("running", 0)))[:10]
+    if busy:
+        print(f"\ntenants (the {len(busy)} with most queued and running of "
+              f"{len(data['by_tenant'])}):")
+        print(ops.table([[t, *(c.get(s, 0) for s in ops.STATUSES)] for t, c in busy],
+                        ["tenant", *ops.STATUSES]))
+    now = datetime.now(UTC)
+    print(f"\nworkers running: {len(data['workers'])}")
+    if data["workers"]:
+        print(ops.table([[w_["name"], ",".join(w_["kinds"]), ops.ago(w_["started"], now),
+                          ops.ago(w_["last_seen"], now)] for w_ in data["workers"]],
+                        ["worker", "kinds", "started", "last seen"]))
+    idle = data["kinds_without_worker"]
+    print(f"kinds queued that no running worker serves: {', '.join(idle) if idle else 'none'}")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    with _ops_conn(args) as conn:
+        rows = ops.jobs(conn, status=args.status, kind=args.kind, tenant=args.tenant,
+                        limit=args.limit)
+    if args.json:
+        keys = ("id", "kind", "tenant", "status", "attempts", "last_error")
+        print(ops.to_json([{k: r[k] for k in keys} for r in rows]))
+        return 0
+    if not rows:
+        print("no jobs")
+        return 0
+    now = datetime.now(UTC)
+    print(ops.table([[r["id"], r["kind"], r["tenant"], r["status"],
+                      f"{r['attempts']}/{r['max_attempts']}", ops.ago(r["created"], now),
+                      ops.first_line(r["last_error"])] for r in rows],
+                    ["id", "kind", "tenant", "status", "attempts", "created", "last error"]))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with _ops_conn(args) as conn:
+        job = ops.show(conn, args.id)
+    if args.json:
+        print(ops.to_json(job))
+        return 0
+    now = datetime.now(UTC)
+    print(f"job {job['id']}: {job['kind']} for tenant {job['tenant']}, {job['status']}, "
+          f"attempts {job['attempts_made']} of {job['max_attempts']}")
+    wait = "" if job["run_after"] <= now or job["status"] != "queued" else \
+        f"; runs in {ops.age((job['run_after'] - now).total_seconds())}"
+    print(f"  created {ops.ago(job['created'], now)}{wait}; finished "
+          f"{ops.ago(job['finished'], now)}")
+    print(f"  payload {json.dumps(job['payload'], default=str)}")
+    if job["last_error"]:
+        print(f"  last error: {ops.first_line(job['last_error'], 200)}")
+    if job["attempts"]:
+        print()
+        print(ops.table([[a["attempt"], a["worker"] or "-", ops.ago(a["started"], now),
+                          "-" if not (a["started"] and a["finished"]) else
+                          ops.age((a["finished"] - a["started"]).total_seconds()),
+                          a["outcome"] or "?", ops.first_line(a["error"], 70)]
+                         for a in job["attempts"]],
+                        ["attempt", "worker", "started", "took", "outcome", "error"]))
+        last = next((a for a in reversed(job["attempts"]) if a["error"]), None)
+        if last and "\n" in last["error"]:
+            print(f"\nattempt {last['attempt']}'s error:\n{last['error']}")
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    if (args.id is None) == (not args.dead):
+        raise ConfigError("retry takes a job id, or --dead (every dead job, with --kind/--tenant "
+                          "to choose): one of the two")
+    if args.id is not None and (args.kind or args.tenant):
+        raise ConfigError("--kind and --tenant choose jobs for --dead; a job id is one job")
+    with _ops_conn(args) as conn:
+        rows = [ops.retry(conn, args.id, args.attempts)] if args.id is not None else \
+            ops.retry_dead(conn, kind=args.kind, tenant=args.tenant, attempts=args.attempts)
+    if args.json:
+        print(ops.to_json(rows))
+        return 0
+    for r in rows:
+        print(f"job {r['id']} ({r['kind']}, tenant {r['tenant']}) queued again: attempts "
+              f"{r['attempts']} so far, up to {r['max_attempts']}")
+    print(f"queued {len(rows)} job{'s' if len(rows) != 1 else ''} again")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _ops_conn(args) as conn:
+        was = ops.cancel(conn, args.id)
+    if args.json:
+        print(ops.to_json({"id": args.id, "was": was, "status": "cancelled"}))
+        return 0
+    note = "" if was == "queued" else (": its worker is not interrupted; its handler sees "
+                                       "claim.cancelled() at the next heartbeat and its finish "
+                                       "is fenced out")
+    print(f"job {args.id} cancelled (was {was}){note}")
+    return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -211,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = bool({"-v", "--verbose"} & set(argv))
     debug = DEBUG in argv
+    log_format = _take_log_format(argv)
     argv = [a for a in argv if a not in ("-v", "--verbose", DEBUG)]
     if not any(a in COMMANDS for a in argv[:2]) and not {"-h", "--help"} & set(argv[:1]):
         argv.insert(0, "worker")  # `python -m NAME --dsn DSN` runs a worker
@@ -219,8 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         p.print_help()
         return w.EXIT_CONFIG
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format=f"{w.APP}: %(message)s")
+    logs.setup(verbose=verbose, fmt=log_format)
     if not args.dsn:
         p.error(f"--dsn is required (or set {DSN_ENV})")
     try:
@@ -232,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{PROG} {args.command}: {e}", file=sys.stderr)
         return w.EXIT_CONFIG
-    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable) as e:
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable,
+            psycopg.errors.UndefinedColumn) as e:
         # Past the preflight (a grant revoked, the schema dropped while running): still the
         # configuration, not a bug.
         if debug:
@@ -248,3 +425,23 @@ def main(argv: list[str] | None = None) -> int:
         return w.EXIT_CRASHED
     except KeyboardInterrupt:
         return 130
+
+
+def _take_log_format(argv: list[str]) -> str:
+    """Remove ``--log-format F`` (or ``--log-format=F``) from argv, wherever it is; return F.
+
+    A bad value is left in place for the parser to refuse with the valid choices.
+    """
+    fmt = "text"
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == LOG_FORMAT and i + 1 < len(argv) and argv[i + 1] in logs.FORMATS:
+            fmt = argv[i + 1]
+            del argv[i:i + 2]
+        elif a.startswith(LOG_FORMAT + "=") and a.split("=", 1)[1] in logs.FORMATS:
+            fmt = a.split("=", 1)[1]
+            del argv[i]
+        else:
+            i += 1
+    return fmt

@@ -64,6 +64,7 @@ superuser, no BYPASSRLS, so your row-level security applies to its handlers' wri
     grant select, update on jobqueue.claimable to app_worker;
     grant select on jobqueue.migrations to app_worker;  -- the version check at start
     grant select, insert, update on jobqueue.tenant_turns to app_worker;  -- --fair round-robin
+    grant select, insert, update, delete on jobqueue.workers to app_worker;  -- who runs, what
     alter role app_worker set idle_in_transaction_session_timeout = '5min';
     alter role app_worker set statement_timeout = '10min';
 

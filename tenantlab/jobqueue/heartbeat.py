@@ -8,7 +8,8 @@ batch claim holds several), which extends each lease by one ``lease``, only for 
 this worker claimed. A job leaves the heartbeat when
 
 - its work ends (``release``, before the finish: a beat never races its own completion);
-- the fence says its lease was lost (no row back: another attempt owns it) -> ``lease-lost``;
+- the fence says its lease was lost (no row back: another attempt owns it) -> ``lease-lost``,
+  or an operator cancelled the job -> ``cancelled`` (the handler sees ``claim.cancelled()``);
 - its **maximum runtime** is reached -> ``abandon``. A stuck-but-alive worker would otherwise
   beat forever; after the limit its lease runs out, another worker may claim the job, and the
   fence keeps the stuck worker's late writes out.
@@ -43,6 +44,32 @@ log = logging.getLogger(APP)
 
 #: The default heartbeat: a third of the lease, so two beats may be late before it runs out.
 AUTO = "auto"
+
+
+class Presence:
+    """Say a worker is alive and which kinds it serves: its ``jobqueue.workers`` row.
+
+    Written at the start, then at most every third of ``ttl`` (between jobs by the worker, during
+    a long job by its heartbeat); a row not refreshed for ``ttl`` seconds is a stopped worker.
+    """
+
+    def __init__(self, name: str, kinds: list[str], ttl: float) -> None:
+        self.name, self.kinds, self.ttl = name, kinds, ttl
+        self.every = ttl / 3
+        self.last = -math.inf  # monotonic time of the last write
+
+    def touch(self, conn: psycopg.Connection, *, start: bool = False) -> None:
+        """Write the row now (an autocommit connection)."""
+        conn.execute(q("worker_seen"), {"name": self.name, "kinds": self.kinds,
+                                        "ttl": self.ttl, "start": start})
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last >= self.every
+
+    def gone(self, conn: psycopg.Connection) -> None:
+        """Remove the row: this worker stopped."""
+        conn.execute(q("worker_gone"), {"name": self.name})
 
 
 class HeartbeatError(ConfigError):
@@ -124,8 +151,10 @@ class Heartbeats:
     """
 
     def __init__(self, dsn: str, config: HeartbeatConfig, *, name: str = "worker",
-                 linger: float | None = None) -> None:
+                 linger: float | None = None, presence: Presence | None = None) -> None:
         self.dsn, self.config, self.name = dsn, config, name
+        #: The worker's row, refreshed with the beats while jobs are held (a long job).
+        self.presence = presence
         self.linger = linger if linger is not None else max(2 * config.interval, 1.0)
         self._held: dict[tuple[int, int], Held] = {}
         self._lock = threading.Lock()
@@ -207,6 +236,13 @@ class Heartbeats:
                         "attempts": [h.claim.attempt for h in due],
                         "lease": self.config.lease,
                     }).fetchall()
+                    owned = {r[0]: r[1] for r in rows}
+                    lost = [h.claim.id for h in due if h.claim.id not in owned]
+                    # Rare: only when a job left this worker. Cancelled, or taken over?
+                    cancelled = {r[0] for r in conn.execute(
+                        q("cancelled_among"), {"ids": lost}).fetchall()} if lost else set()
+                    if self.presence is not None and self.presence.due():
+                        self.presence.touch(conn)
                 except psycopg.Error as e:
                     if not failing:  # one line per outage, not one per beat
                         log.warning("heartbeat of %s failed, retrying at every beat: %s",
@@ -223,7 +259,7 @@ class Heartbeats:
                 if failing:
                     log.warning("heartbeat of %s is back", self.name)
                     failing = False
-                self._record(due, {r[0]: r[1] for r in rows})
+                self._record(due, owned, cancelled)
         finally:
             if conn is not None:
                 conn.close()
@@ -254,9 +290,10 @@ class Heartbeats:
             for h in due:
                 h.next_beat = soon
 
-    def _record(self, due: list[Held], owned: dict[int, Any]) -> None:
+    def _record(self, due: list[Held], owned: dict[int, Any],
+                cancelled: set[int] | None = None) -> None:
         """Note each due job's beat: extended (owned, new lease), skipped (owned, row locked:
-        try again soon), or lost (not owned any more)."""
+        try again soon), or lost (not owned any more: cancelled, or another attempt's)."""
         with self._lock:
             now = time.monotonic()
             for h in due:
@@ -265,7 +302,10 @@ class Heartbeats:
                     continue  # released while the beat ran: its work ended, nothing to say
                 if h.claim.id not in owned:
                     del self._held[key]
-                    self._lose(h)
+                    if cancelled and h.claim.id in cancelled:
+                        self._cancel(h)
+                    else:
+                        self._lose(h)
                     continue
                 if owned[h.claim.id] is None:
                     # Still ours, but its row is locked by a transaction of this worker's (a
@@ -286,6 +326,14 @@ class Heartbeats:
                     "heartbeat stopped, the job is abandoned", c.id, c.attempt,
                     self.config.max_runtime)
         c.events.emit("abandon", job=c.id, attempt=c.attempt, max_runtime=self.config.max_runtime)
+
+    def _cancel(self, h: Held) -> None:
+        h.lost = True
+        h.claim.cancel_seen = True  # what claim.cancelled() tells the handler
+        h.done.set()
+        log.info("job %s cancelled while attempt %s runs: heartbeat stopped, its finish will be "
+                 "fenced out", h.claim.id, h.claim.attempt)
+        h.claim.events.emit("cancelled", job=h.claim.id, attempt=h.claim.attempt)
 
     def _lose(self, h: Held) -> None:
         h.lost = True

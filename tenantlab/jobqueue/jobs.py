@@ -6,12 +6,13 @@ application's handlers) can import it without a cycle.
 
 from __future__ import annotations
 
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-Status = Literal["done", "failed", "queued", "dead", "fenced"]
+Status = Literal["done", "failed", "queued", "dead", "fenced", "cancelled"]
 
 #: Every worker-side connection (worker, heartbeat, reaper): TCP keepalives find a dead peer
 #: (a dropped connection, a failed-over host) in about a minute instead of hours.
@@ -67,7 +68,8 @@ class Claim:
     """One claimed job: what a handler needs to run it, and the attempt this worker owns.
 
     ``payload`` is the job's JSON document; ``events`` lets a handler report on the worker's
-    own event stream (a no-op unless the worker was given one).
+    own event stream (a no-op unless the worker was given one). A long handler should ask
+    ``cancelled()`` now and then and return early when it is true.
     """
 
     id: int
@@ -79,6 +81,17 @@ class Claim:
     run_id: int | None = None  # the job_runs row of this execution, written by its finish
     worker: str = "worker"
     events: Events = field(default_factory=NullEvents, repr=False, compare=False)
+    #: Set by the heartbeat when it finds the job cancelled by an operator (``cancel ID``).
+    cancel_seen: bool = field(default=False, repr=False, compare=False)
+
+    def cancelled(self) -> bool:
+        """Return True once the heartbeat has seen an operator cancel this job.
+
+        Cooperative: nothing interrupts the handler. Return early when it is true: whatever the
+        handler wrote rolls back anyway (its finish matches no row, fenced out). Seen at the
+        heartbeat's next beat (every third of the lease by default); never without a heartbeat.
+        """
+        return self.cancel_seen
 
 
 @dataclass
@@ -106,5 +119,26 @@ def check_tenant(tenant: Any) -> None:
 
 
 def error_text(error: BaseException) -> str:
-    """Return the error as stored in ``jobs.last_error``: its type and message, bounded."""
+    """Return the error in one bounded line of text: its type and message."""
     return f"{type(error).__name__}: {error}"[:500]
+
+
+#: How long a failed attempt's recorded error may be (``job_runs.error``, ``jobs.last_error``).
+ERROR_MAX = 2000
+
+
+def error_detail(error: BaseException, frames: int = 3) -> str:
+    """Return the error as ``last_error`` and ``job_runs.error`` keep it: bounded.
+
+    Its type and message, then the last `frames` lines of its traceback (where it was raised),
+    within ``ERROR_MAX`` characters: the message is cut first, the traceback's tail kept.
+    """
+    head = f"{type(error).__name__}: {error}".strip()
+    tail = ""
+    if error.__traceback__ is not None:
+        summary = traceback.extract_tb(error.__traceback__)[-frames:]
+        tail = "".join(f"\n  at {f.filename}:{f.lineno} in {f.name}" for f in summary)
+    room = ERROR_MAX - len(tail)
+    if len(head) > room:
+        head = head[:max(room - 3, 0)] + "..."
+    return (head + tail)[:ERROR_MAX]

@@ -39,11 +39,12 @@ import psycopg
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
+from . import logs
 from .fair import Fair
 from .fair import fair as as_fair
 from .handlers import Handler, Handlers
 from .handlers import handlers as default_handlers
-from .heartbeat import AUTO, HeartbeatConfig, Heartbeats, check, dsn_of, interval_for
+from .heartbeat import AUTO, HeartbeatConfig, Heartbeats, Presence, check, dsn_of, interval_for
 from .jobs import (
     Claim,
     ConfigError,
@@ -53,7 +54,7 @@ from .jobs import (
     Outcome,
     TenantId,
     check_tenant,
-    error_text,
+    error_detail,
 )
 from .queries import q
 
@@ -104,6 +105,9 @@ class Leased:
         if self.fair and lossy_claim:
             raise ConfigError("lossy-claim has no fair variant: use one or the other")
         self._heartbeats: Heartbeats | None = None
+        #: The worker's ``jobqueue.workers`` row, which the heartbeat refreshes during long jobs
+        #: (set by Worker).
+        self.presence: Presence | None = None
 
     def __repr__(self) -> str:
         extra = f", heartbeat={self.beat.interval:g}, max_runtime={self.beat.max_runtime}" \
@@ -169,7 +173,8 @@ class Leased:
         if self.beat is None:
             raise ConfigError("this design has no heartbeat: pass heartbeat=SECONDS")
         if self._heartbeats is None:
-            self._heartbeats = Heartbeats(dsn_of(conn), self.beat, name=_name(conn))
+            self._heartbeats = Heartbeats(dsn_of(conn), self.beat, name=_name(conn),
+                                          presence=self.presence)
         return self._heartbeats
 
     # -- execute -------------------------------------------------------------------------------
@@ -212,11 +217,25 @@ class Leased:
                 self.release(claim)
         except LeaseLost as e:
             ev.emit("fenced", job=claim.id, attempt=claim.attempt, step=step)
-            return Outcome(claim, "fenced", error=str(e))
+            # Rolled back; the attempt's record is written on its own.
+            with _autocommit(conn):
+                outcome = self._record_fenced(conn, claim, str(e))
+            return Outcome(claim, "cancelled" if outcome == "cancelled" else "fenced",
+                           error=str(e))
         ev.emit("finish", job=claim.id, attempt=claim.attempt, result=result)
+        logs.done(claim)
         # Committed: the next jobs are this worker's now.
         self._claimed(conn, claimed, claim.worker, ev)
         return Outcome(claim, "done", result=result, claimed=claimed)
+
+    def _record_fenced(self, conn: psycopg.Connection, claim: Claim, why: str) -> str:
+        """Write a fenced attempt's job_runs row ('cancelled' if an operator cancelled it)."""
+        row = conn.execute(q("record_fenced"), {
+            "id": claim.id, "attempt": claim.attempt, "worker": claim.worker,
+            "started": claim.started, "error": why}).fetchone()
+        outcome = str(row[0]) if row else "fenced"
+        logs.fenced(claim, outcome, why)
+        return outcome
 
     def _start(self, conn: psycopg.Connection, claim: Claim) -> bool:
         """Start the job (tenant set locally) if it is still this attempt's; False: fenced."""
@@ -272,23 +291,26 @@ class Leased:
         """Record a failed attempt if it still owns the job: queued after a backoff, or dead."""
         self.release(claim)
         ev = events or claim.events
-        text = error_text(error)
+        text = error_detail(error)
         with _autocommit(conn):
             row = conn.execute(*self._fail_query(claim, text)).fetchone()
-        return self._failed(claim, text, row, ev)
+        return self._failed(claim, text, row, ev, exc=error)
 
     def _fail_query(self, claim: Claim, text: str) -> tuple[str, dict[str, Any]]:
+        """Return the fenced fail, which also writes the attempt's job_runs row."""
         return q("fail_if_owner"), {"id": claim.id, "attempt": claim.attempt, "error": text,
+                                    "worker": claim.worker, "started": claim.started,
                                     "backoff": self.backoff, "backoff_cap": self.backoff_cap}
 
     def _failed(self, claim: Claim, text: str, row: Any, ev: Events, *,
-                emit: bool = True) -> Outcome:
+                emit: bool = True, exc: BaseException | None = None) -> Outcome:
         if row is None:
             if emit:
                 ev.emit("fenced", job=claim.id, attempt=claim.attempt, step="fail", error=text)
+            logs.fenced(claim, "fenced", f"its failure came after the lease was lost: {text}")
             return Outcome(claim, "fenced", error=text)
         status, _attempts, run_after = row
-        log.info("job %s attempt %s failed (%s): %s", claim.id, claim.attempt, status, text)
+        logs.failed(claim, status, text, exc, run_after)
         if emit:
             ev.emit("fail", job=claim.id, attempt=claim.attempt, error=text, counted=True,
                     run_after=run_after)
@@ -370,11 +392,13 @@ class Leased:
                     conn.execute(f"rollback to savepoint j{i}")
                     started.pop(i + 1, None)
                     if isinstance(e, LeaseLost):
+                        # Its record commits with the batch (logged now: the batch goes on).
+                        self._record_fenced(conn, c, str(e))
                         results.append((c, Outcome(c, "fenced", error=str(e))))
                         continue
-                    text = error_text(e)
+                    text = error_detail(e)
                     row = conn.execute(*self._fail_query(c, text)).fetchone()
-                    results.append((c, self._failed(c, text, row, c.events, emit=False)))
+                    results.append((c, self._failed(c, text, row, c.events, emit=False, exc=e)))
             more = claim_next() if callable(claim_next) else claim_next
             if more:
                 with conn.cursor(row_factory=class_row(Claim)) as claim_cur:
@@ -387,6 +411,7 @@ class Leased:
             ev = c.events
             if o.status == "done":
                 ev.emit("finish", job=c.id, attempt=c.attempt, result=o.result)
+                logs.done(c)
             elif o.status == "fenced":
                 ev.emit("fenced", job=c.id, attempt=c.attempt, step="complete")
             else:

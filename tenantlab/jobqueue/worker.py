@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import random
 import signal
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 import psycopg
 
 from .handlers import Handlers
+from .heartbeat import Presence
 from .jobs import Claim, ConfigError, Events, JobQueueError, NullEvents, Outcome, error_text
 from .leased import Leased, broken
 from .options import WorkerOptions
@@ -40,6 +42,10 @@ APP = (__package__ or "jobqueue").split(".")[0]
 log = logging.getLogger(APP)
 
 EXIT_STOPPED, EXIT_CRASHED, EXIT_CONFIG, EXIT_SERVER_LOST = 0, 1, 2, 3
+
+#: Seconds a worker's ``jobqueue.workers`` row lives without a refresh (at least twice the
+#: lease): a worker silent for longer counts as stopped.
+PRESENCE_TTL = 60.0
 
 #: What "the server is gone" looks like: a restart, a dropped connection, or after a failover a
 #: host that is now a read-only standby. The worker reconnects; anything else is a bug.
@@ -105,6 +111,14 @@ class Worker:
         self.stopping = False
         self.claimed = 0
         self.outage = Outage(self.name, o.max_outage, sleep=self._sleep)
+        #: Its ``jobqueue.workers`` row: alive, and the kinds it serves (``stats`` reads it).
+        self.presence: Presence | None = None
+        kinds = getattr(self.queue, "kinds", None)
+        if callable(kinds):
+            self.presence = Presence(self.name, list(kinds()), ttl=max(PRESENCE_TTL,
+                                                                       2 * o.lease))
+            if isinstance(self.queue, Leased):
+                self.queue.presence = self.presence
 
     def stop(self, signum: int | None = None, frame: object = None) -> None:
         """Finish the current job, then stop; a second call stops at once."""
@@ -153,11 +167,16 @@ class Worker:
         """Run jobs on one connection; True when the worker is done (not merely cut off)."""
         o = self.options
         listening = o.listen and self._listen(conn)
+        presence = self.presence
+        if presence is not None:
+            presence.touch(conn, start=presence.last == -math.inf)
         idle = False
         pending: list[Claim] = []
         # Jobs already claimed (with the last finish) are part of the current job: run them
         # even when a stop was asked for meanwhile.
         while pending or not self.stopping:
+            if presence is not None and presence.due():
+                presence.touch(conn)
             try:
                 outcomes = self._one_round(conn, pending)
             except psycopg.Error as e:
@@ -173,7 +192,7 @@ class Worker:
             pending = outcomes[-1].claimed if outcomes else []
             if not outcomes:
                 if o.until_empty:
-                    return True
+                    return self._done(conn)
                 if not idle:
                     self.events.emit("idle")
                     idle = True
@@ -182,7 +201,13 @@ class Worker:
             idle = False
             self.claimed += len(outcomes)
             if o.max_jobs is not None and self.claimed >= o.max_jobs and not pending:
-                return True
+                return self._done(conn)
+        return self._done(conn)
+
+    def _done(self, conn: psycopg.Connection) -> bool:
+        """Stopped: remove this worker's row (it serves nothing any more); True."""
+        if self.presence is not None:
+            self.presence.gone(conn)
         return True
 
     def _goes_on(self, after: int) -> bool:

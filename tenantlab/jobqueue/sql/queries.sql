@@ -68,12 +68,13 @@ select clock_timestamp() as started, set_config('app.tenant', %(tenant)s, true)
 select set_config('app.tenant', %(tenant)s, true);
 
 -- Run by Leased.execute as the last statement of the work's transaction: only the attempt that
--- was claimed may finish; the execution's job_runs row is written with it. Returns how many jobs
--- it finished (0 = fenced out: roll back) and the run's id.
+-- was claimed may finish; the execution's job_runs row is written with it (outcome 'done', the
+-- column's default). last_error stays: the error this job recovered from, if any (the status
+-- says it is done; job_runs has every attempt). Returns how many jobs it finished (0 = fenced
+-- out: roll back) and the run's id.
 -- name: complete_if_owner
 with done as (
-  update jobqueue.jobs set status = 'done', locked_until = null, last_error = null,
-                           finished = clock_timestamp()
+  update jobqueue.jobs set status = 'done', locked_until = null, finished = clock_timestamp()
    where id = %(id)s and attempts = %(attempt)s and status = 'running'
   returning id
 ), run as (
@@ -93,8 +94,7 @@ select count(*) as finished, (select id from run) as run from done;
 -- fenced out (roll back).
 -- name: complete_if_owner_and_claim
 with done as (
-  update jobqueue.jobs set status = 'done', locked_until = null, last_error = null,
-                           finished = clock_timestamp()
+  update jobqueue.jobs set status = 'done', locked_until = null, finished = clock_timestamp()
    where id = %(id)s and attempts = %(attempt)s and status = 'running'
   returning id
 ), run as (
@@ -120,18 +120,41 @@ select (select count(*) from done) as finished, (select id from run) as run,
 -- Run by Leased.fail after the work failed (in a new transaction, or in the batch's after
 -- rolling back to the job's savepoint): fenced like the completion. Queued again after a
 -- backoff that doubles with each attempt (times 0.75..1.25 of jitter, capped), or dead at
--- max_attempts. No row back = fenced out.
+-- max_attempts. The attempt's job_runs row (outcome failed or dead, the error with the last
+-- lines of its traceback) is written by the same statement: the handler's work rolled back,
+-- the record of the attempt is kept. No row back = fenced out (and no run row).
 -- name: fail_if_owner
-update jobqueue.jobs
-   set status = case when attempts >= max_attempts then 'dead' else 'queued' end,
-       locked_until = null,
-       last_error = %(error)s,
-       finished = case when attempts >= max_attempts then clock_timestamp() end,
-       run_after = clock_timestamp() + case when %(backoff)s::float8 > 0 then make_interval(
-         secs => least(%(backoff_cap)s::float8, %(backoff)s::float8 * power(2, attempts - 1))
-                 * (0.75 + random() * 0.5)) else interval '0' end
- where id = %(id)s and attempts = %(attempt)s and status = 'running'
-returning status, attempts, run_after;
+with failed as (
+  update jobqueue.jobs
+     set status = case when attempts >= max_attempts then 'dead' else 'queued' end,
+         locked_until = null,
+         last_error = %(error)s,
+         finished = case when attempts >= max_attempts then clock_timestamp() end,
+         run_after = clock_timestamp() + case when %(backoff)s::float8 > 0 then make_interval(
+           secs => least(%(backoff_cap)s::float8, %(backoff)s::float8 * power(2, attempts - 1))
+                   * (0.75 + random() * 0.5)) else interval '0' end
+   where id = %(id)s and attempts = %(attempt)s and status = 'running'
+  returning status, attempts, run_after
+), run as (
+  insert into jobqueue.job_runs (job_id, worker, attempt, started, finished, outcome, error)
+  select %(id)s, %(worker)s, %(attempt)s,
+         coalesce(%(started)s::timestamptz, clock_timestamp()), clock_timestamp(),
+         case when status = 'dead' then 'dead' else 'failed' end, left(%(error)s, 2000)
+    from failed
+)
+select status, attempts, run_after from failed;
+
+-- Run by Leased after a fenced finish rolled back (or a start that found the lease gone), on
+-- the same connection outside the work's transaction: the attempt's job_runs row, so `show`
+-- tells the whole story. 'cancelled' when an operator cancelled the job while it ran.
+-- name: record_fenced
+insert into jobqueue.job_runs (job_id, worker, attempt, started, finished, outcome, error)
+select id, %(worker)s, %(attempt)s, coalesce(%(started)s::timestamptz, clock_timestamp()),
+       clock_timestamp(), case when status = 'cancelled' then 'cancelled' else 'fenced' end,
+       left(%(error)s, 2000)
+  from jobqueue.jobs
+ where id = %(id)s
+returning outcome;
 
 -- Run by the heartbeat on its own connection: extends the leases of every job this worker
 -- holds, each only for the attempt it claimed. It never waits on a row lock (a batch's
@@ -156,6 +179,11 @@ with held as (
   returning jobs.id, jobs.locked_until
 )
 select owned.id, extended.locked_until from owned left join extended using (id);
+
+-- Run by the heartbeat when jobs it held were not its own any more: which of them an operator
+-- cancelled (the others were taken over by another attempt).
+-- name: cancelled_among
+select id from jobqueue.jobs where id = any(%(ids)s::bigint[]) and status = 'cancelled';
 
 -- Run by Heartbeat users that extend one job: its lease, only for the attempt it claimed.
 -- name: heartbeat_if_owner
@@ -182,12 +210,12 @@ update jobqueue.jobs
                for update skip locked)
 returning id, tenant_id, attempts, status;
 
--- Run by prune: delete one batch of jobs finished (done or dead) more than `age` seconds ago,
--- oldest first. Walks the primary key from the oldest job: a batch stops early.
+-- Run by prune: delete one batch of jobs finished (done, dead or cancelled) more than `age`
+-- seconds ago, oldest first. Walks the primary key from the oldest job: a batch stops early.
 -- name: prune_jobs
 delete from jobqueue.jobs
  where id in (select id from jobqueue.jobs
-               where status in ('done', 'dead')
+               where status in ('done', 'dead', 'cancelled')
                  and coalesce(finished, created) < clock_timestamp() - make_interval(secs => %(age)s)
                order by id limit %(batch)s
                for update skip locked)
@@ -201,7 +229,8 @@ delete from jobqueue.job_runs
                order by id limit %(batch)s)
 returning id;
 
--- For an operator's monitoring: how many jobs are in each state.
+-- Run by the lab (tenantlab/experiments/workers.py) and tests: how many jobs are in each state.
+-- An operator's view is `python -m jobqueue stats` (ops.py: the stats_* queries below).
 -- name: job_counts
 select status, count(*) as jobs from jobqueue.jobs group by status order by status;
 
@@ -247,7 +276,9 @@ select max(version) from jobqueue.migrations;
 select p.privilege || ' on ' || p.object
   from (values ('select', 'jobqueue.jobs'), ('update', 'jobqueue.jobs'),
                ('insert', 'jobqueue.job_runs'), ('select', 'jobqueue.claimable'),
-               ('update', 'jobqueue.claimable'), ('select', 'jobqueue.migrations'))
+               ('update', 'jobqueue.claimable'), ('select', 'jobqueue.migrations'),
+               ('insert', 'jobqueue.workers'), ('update', 'jobqueue.workers'),
+               ('delete', 'jobqueue.workers'))
        as p(privilege, object)
  where not has_table_privilege(p.object, p.privilege);
 
@@ -332,3 +363,121 @@ update jobqueue.jobs
                        order by claimable_at, id limit %(batch)s
                        for update skip locked))
 returning id, tenant_id, attempts as attempt, kind, payload;
+
+-- ---------------------------------------------------------------------------------------------
+-- Workers (worker.py): who runs now, and the kinds each serves. Read by `stats`.
+
+-- Run by Worker at its start (start = true) and then every third of its time to live, between
+-- jobs and by its heartbeat during a long one: this worker is alive until `expires`. At start it
+-- also forgets workers that expired more than a day ago.
+-- name: worker_seen
+with forget as (
+  delete from jobqueue.workers
+   where %(start)s and expires < clock_timestamp() - interval '1 day' and name <> %(name)s
+)
+insert into jobqueue.workers as w (name, kinds, expires)
+values (%(name)s, %(kinds)s, clock_timestamp() + make_interval(secs => %(ttl)s))
+on conflict (name) do update
+   set kinds = excluded.kinds, last_seen = clock_timestamp(), expires = excluded.expires,
+       started = case when %(start)s then clock_timestamp() else w.started end;
+
+-- Run by Worker when it stops: it serves nothing any more.
+-- name: worker_gone
+delete from jobqueue.workers where name = %(name)s;
+
+-- ---------------------------------------------------------------------------------------------
+-- The operator's commands (ops.py): stats, jobs, show, retry, cancel.
+
+-- Run by `stats`: job counts per status, per status and kind, per status and tenant, in one
+-- pass over jobs (`by`: 'status', 'kind' or 'tenant').
+-- name: stats_counts
+select case grouping(kind, tenant_id) when 3 then 'status' when 1 then 'kind' else 'tenant' end
+         as by,
+       status, kind, tenant_id::text as tenant, count(*) as jobs
+  from jobqueue.jobs
+ group by grouping sets ((status), (status, kind), (status, tenant_id))
+ order by 1, status, count(*) desc, kind, tenant;
+
+-- Run by `stats`: how long the oldest queued job has waited since it could run (its run_after:
+-- a scheduled or backing-off job waits from then), in seconds; null when none waits. Reads
+-- jobs_claimable in claim order: it stops at the first queued row.
+-- name: stats_oldest_queued
+select extract(epoch from clock_timestamp() - min(claimable_at))::float8 as oldest_queued_s
+  from jobqueue.jobs
+ where status = 'queued' and attempts < max_attempts and claimable_at <= clock_timestamp();
+
+-- Run by `stats`: the kinds of queued jobs that no running worker serves (a worker whose row
+-- expired is not running), and the workers that are.
+-- name: stats_kinds_without_worker
+select kind from jobqueue.jobs where status = 'queued'
+except
+select unnest(kinds) from jobqueue.workers where expires > clock_timestamp()
+order by 1;
+
+-- name: stats_workers
+select name, kinds, started, last_seen from jobqueue.workers
+ where expires > clock_timestamp() order by name;
+
+-- Run by `jobs`: the newest jobs first, each filter optional (null: any).
+-- name: jobs_list
+select id, kind, tenant_id as tenant, status, attempts, max_attempts, last_error,
+       created, finished
+  from jobqueue.jobs
+ where (%(status)s::text is null or status = %(status)s)
+   and (%(kind)s::text is null or kind = %(kind)s)
+   and (%(tenant)s::text is null or tenant_id::text = %(tenant)s)
+ order by id desc
+ limit %(limit)s;
+
+-- Run by `show`: one job.
+-- name: job_show
+select id, kind, tenant_id as tenant, status, attempts, max_attempts, payload, created,
+       run_after, locked_until, finished, last_error
+  from jobqueue.jobs
+ where id = %(id)s;
+
+-- Run by `show`: the job's attempts that ended, in order (job_runs_by_job).
+-- name: job_attempts
+select attempt, worker, started, finished, outcome, error
+  from jobqueue.job_runs
+ where job_id = %(id)s
+ order by attempt, id;
+
+-- Run by `retry ID`: a dead or cancelled job queued again at once, with a fresh budget of
+-- `attempts` more attempts (max_attempts = attempts so far + that). The attempt count goes on
+-- (never back to 0): the fence tells every attempt apart, also a late finish of an old one.
+-- Wakes the idle workers. No row: no such job, or not dead or cancelled.
+-- name: retry_job
+with retried as (
+  update jobqueue.jobs
+     set status = 'queued', max_attempts = attempts + %(attempts)s, run_after = clock_timestamp(),
+         locked_until = null, finished = null
+   where id = %(id)s and status in ('dead', 'cancelled')
+  returning id, kind, tenant_id as tenant, attempts, max_attempts
+)
+select retried.*, pg_notify('jobqueue', '') from retried;
+
+-- Run by `retry --dead [--kind K] [--tenant T]`: every dead job (of that kind, of that tenant)
+-- queued again like retry_job.
+-- name: retry_dead
+with retried as (
+  update jobqueue.jobs
+     set status = 'queued', max_attempts = attempts + %(attempts)s, run_after = clock_timestamp(),
+         locked_until = null, finished = null
+   where status = 'dead'
+     and (%(kind)s::text is null or kind = %(kind)s)
+     and (%(tenant)s::text is null or tenant_id::text = %(tenant)s)
+  returning id, kind, tenant_id as tenant, attempts, max_attempts
+)
+select retried.*, pg_notify('jobqueue', '') from retried order by id;
+
+-- Run by `cancel ID`: a queued or running job becomes cancelled; returns what it was. A running
+-- job's worker is not interrupted: its heartbeat sees the job is no longer its own (the handler
+-- can ask `claim.cancelled()`), and its finish matches no row (fenced out). No row: no such
+-- job, or already finished.
+-- name: cancel_job
+update jobqueue.jobs
+   set status = 'cancelled', locked_until = null, finished = clock_timestamp()
+  from (select id, status as was from jobqueue.jobs where id = %(id)s for no key update) as prev
+ where jobs.id = prev.id and prev.was in ('queued', 'running')
+returning prev.was;

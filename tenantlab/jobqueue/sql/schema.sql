@@ -32,7 +32,8 @@ create table jobqueue.jobs (
   -- its lease has run out (taken over). One column, so one index serves every claim.
   claimable_at timestamptz generated always as
     (case when status = 'running' then locked_until else run_after end) stored,
-  constraint status_is_known check (status in ('queued', 'running', 'done', 'dead')),
+  constraint status_is_known
+    check (status in ('queued', 'running', 'done', 'dead', 'cancelled')),
   constraint attempts_within_budget check (attempts between 0 and max_attempts),
   constraint max_attempts_positive check (max_attempts > 0),
   constraint running_has_lease check (status <> 'running' or locked_until is not null)
@@ -63,9 +64,11 @@ create view jobqueue.claimable with (security_invoker = true) as
      and attempts < max_attempts
      and claimable_at <= statement_timestamp();
 
--- One row per finished execution, written by the fenced finish in the work's transaction (so a
--- handler that does not write holds no transaction id while it runs). No foreign key: it is a
--- log, and `prune` deletes old jobs and old runs independently.
+-- One row per attempt that ended, written with its end: the fenced finish in the work's
+-- transaction (so a handler that does not write holds no transaction id while it runs), a
+-- failure in the statement that records it (the work rolled back, the row kept), a fenced
+-- finish after its rollback. `error`: the error and the last lines of its traceback. No foreign
+-- key: it is a log, and `prune` deletes old jobs and old runs independently.
 create table jobqueue.job_runs (
   id       bigint generated always as identity primary key,
   job_id   bigint not null,
@@ -73,12 +76,32 @@ create table jobqueue.job_runs (
   attempt  int not null,
   started  timestamptz not null,
   finished timestamptz,
-  constraint finished_after_start check (finished is null or finished >= started)
+  outcome  text not null default 'done',
+  error    text,
+  constraint finished_after_start check (finished is null or finished >= started),
+  constraint outcome_is_known
+    check (outcome in ('done', 'failed', 'dead', 'fenced', 'cancelled')),
+  constraint error_is_bounded check (char_length(error) <= 2000)
 );
+
+-- `show ID` reads a job's attempts by job id (one index entry more per attempt).
+create index job_runs_by_job on jobqueue.job_runs (job_id);
 
 -- When each tenant was last served by the round-robin claim (`--fair round-robin`), which
 -- writes it; a tenant without a row counts as never served.
 create table jobqueue.tenant_turns (
   tenant_id   jobqueue.tenant_id primary key,
   last_served timestamptz not null
+);
+
+-- The workers running now, by name: the kinds each serves, written at its start and refreshed
+-- while it lives (between jobs, and by its heartbeat during a long one); a row past `expires`
+-- is a worker that stopped without saying so. `stats` reads it for the kinds no worker serves.
+create table jobqueue.workers (
+  name      text primary key,
+  kinds     text[] not null,
+  started   timestamptz not null default clock_timestamp(),
+  last_seen timestamptz not null default clock_timestamp(),
+  expires   timestamptz not null,
+  constraint expires_after_seen check (expires >= last_seen)
 );
