@@ -91,7 +91,10 @@ def failed(claim: Any, status: str, error: str, exc: BaseException | None,
                        claim.tenant_id, claim.attempt, first, exc_info=exc_info,
                        extra=fields(claim, "dead", error))
         return
-    when = f", retry at {retry_at:%H:%M:%S}" if isinstance(retry_at, datetime) else ""
+    when = ""
+    if isinstance(retry_at, datetime) and retry_at.tzinfo is not None:
+        # The server's clock against this one: close enough to tell "now" from "in 5 minutes".
+        when = f", retry in {max((retry_at - datetime.now(UTC)).total_seconds(), 0):.1f} s"
     jobs_log.warning("job %s %s (tenant %s) attempt %s failed%s: %s", claim.id, claim.kind,
                      claim.tenant_id, claim.attempt, when, first, exc_info=exc_info,
                      extra=fields(claim, "failed", error))
