@@ -218,3 +218,15 @@ def test_cancel_a_queued_job_and_a_running_one_cooperatively(
     assert ops.show(conn, running)["status"] == "cancelled"
     assert [(a, o) for a, o, _ in runs(conn, running)] == [(1, "cancelled")]
     assert conn.execute("select count(*) from job_writes").fetchone() == (0,)  # rolled back
+
+
+def test_a_notebook_shows_the_same_stats_as_a_table(conn: psycopg.Connection) -> None:
+    from tenantlab import queue_stats
+
+    enqueue(conn, "nobody", tenant=1)
+    enqueue(conn, "nobody", tenant=2)
+    df = queue_stats.frame(conn)
+    assert list(df.columns) == list(ops.STATUSES)
+    assert df.loc["nobody", "queued"] == 2 and df.loc["all", "queued"] == 2
+    page = queue_stats.html(conn)
+    assert "<table" in page and "no running worker serves: nobody" in page
