@@ -230,3 +230,13 @@ def test_a_notebook_shows_the_same_stats_as_a_table(conn: psycopg.Connection) ->
     assert df.loc["nobody", "queued"] == 2 and df.loc["all", "queued"] == 2
     page = queue_stats.html(conn)
     assert "<table" in page and "no running worker serves: nobody" in page
+
+
+def test_the_export_carries_the_operators_commands(tmp_path: Path) -> None:
+    from tenantlab.jobqueue.export import export
+
+    package = export(tmp_path, "shop")
+    for rel in ("ops.py", "logs.py", "migrations/0002_outcomes.sql"):
+        assert (package / rel).is_file(), rel
+    assert "python -m shop stats" in (package / "README.md").read_text()
+    assert "tenantlab" not in (package / "ops.py").read_text()

@@ -154,6 +154,17 @@ The reaper moves jobs whose lease expired (by more than `--grace`, 30 s by defau
 have no attempts left to `dead` (with `--requeue`, the others back to `queued`). It decides by
 the clock: a live worker slower than its lease is fenced out; the heartbeat is what keeps live
 jobs' leases fresh, and the grace what covers a late beat.
+## 6. See the queue and act on it
+
+    python -m {name} stats                 # per status, kind, tenant; oldest wait; idle kinds
+    python -m {name} jobs --status dead --kind send_invoice
+    python -m {name} show 42               # every attempt: worker, outcome, error
+    python -m {name} retry 42              # or: retry --dead --kind K [--attempts N]
+    python -m {name} cancel 42             # running: claim.cancelled() turns true, finish fenced
+
+`--json` on each. Logs: failures at WARNING with their traceback, dead jobs at ERROR; `-v`
+adds a line per job; `--log-format json` writes one object per line. `jobqueue.job_runs` keeps
+every attempt's outcome and error.
 """
 
 
