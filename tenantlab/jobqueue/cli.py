@@ -140,10 +140,11 @@ def _job_id(text: str) -> int:
     return value
 
 
-def add_ops_commands(sub: argparse._SubParsersAction,
+def add_ops_commands(sub: argparse._SubParsersAction[Any],
                      dsn: dict[str, Any]) -> list[argparse.ArgumentParser]:
     """Add stats, jobs, show, retry and cancel (the kit's ``tenantlab queue`` has the same)."""
-    as_json = {"action": "store_true", "help": "print JSON (a stable contract, see ops.py)"}
+    as_json: dict[str, Any] = {"action": "store_true",
+                               "help": "print JSON (a stable contract, see ops.py)"}
     st = sub.add_parser("stats", help="jobs per status, kind and tenant; the oldest wait; "
                                       "kinds no running worker serves")
     st.set_defaults(func=cmd_stats)
