@@ -240,3 +240,16 @@ def test_the_export_carries_the_operators_commands(tmp_path: Path) -> None:
         assert (package / rel).is_file(), rel
     assert "python -m shop stats" in (package / "README.md").read_text()
     assert "tenantlab" not in (package / "ops.py").read_text()
+
+
+def test_the_kits_cli_has_the_same_commands(scratch: db.Scratch, conn: psycopg.Connection) -> None:
+    job = enqueue(conn, "nobody", tenant=9)
+    r = subprocess.run([sys.executable, "-m", "tenantlab", "queue", "jobs", "--json", "--dsn",
+                        scratch.worker], env=child_env(), cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert [(j["id"], j["status"]) for j in json.loads(r.stdout)] == [(job, "queued")]
+    r = subprocess.run([sys.executable, "-m", "tenantlab", "queue", "cancel", str(job + 1),
+                        "--dsn", scratch.worker], env=child_env(), cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == f"tenantlab queue: no job {job + 1}"

@@ -59,12 +59,13 @@ select id, pg_notify('jobqueue', '') from job order by id;
 -- name: eligible_leased
 select id from claimable order by claimable_at, id;
 
--- Run by experiments, tests and notebooks: the state of every job.
+-- Run by experiments, tests and notebooks: the state of every job; `runs` counts its completed
+-- executions (outcome done: failed and fenced attempts have rows of their own).
 -- name: job_states
 select j.id, j.tenant_id, j.kind, j.status, j.attempts, j.max_attempts,
        j.locked_until, j.locked_until < clock_timestamp() as lease_expired,
        j.run_after, j.last_error,
-       (select count(*) from job_runs r where r.job_id = j.id) as runs
+       (select count(*) from job_runs r where r.job_id = j.id and r.outcome = 'done') as runs
 from jobs j
 order by j.id;
 
