@@ -13,7 +13,10 @@ application (``tenantlab export-worker DIR``). The pieces:
   third of the lease), up to a maximum runtime;
 - ``Reaper`` and ``prune``: final states for expired leases (after a grace), history bounded;
 - ``Worker`` and ``WorkerOptions``: the loop (LISTEN/NOTIFY, reconnects, clean stop);
-- ``python -m`` this package: ``worker`` (default), ``reap``, ``prune``, ``migrate``.
+- ``ops``: the operator's ``stats``, ``jobs``, ``show``, ``retry``, ``cancel`` (every attempt is
+  kept in ``job_runs`` with its outcome and error); ``logs``: text or JSON log lines per job;
+- ``python -m`` this package: ``worker`` (default), ``reap``, ``prune``, ``migrate``, and the
+  operator's commands.
 """
 
 from .handlers import Handler, Handlers, handlers

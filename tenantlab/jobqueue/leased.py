@@ -9,7 +9,8 @@ grows with its attempts; at ``max_attempts`` it is dead.
 
 The start holds nothing: it is one read that sets the tenant locally and checks that this
 attempt still owns the job with its lease running (a claim whose lease ran out before its work
-began is not started). The execution's ``job_runs`` row is written by the fenced finish. So a
+began is not started). The execution's ``job_runs`` row is written by the fenced finish (a
+failed attempt's by the fenced fail, a fenced one's after its rollback). So a
 handler that does not write holds no transaction id while it runs and VACUUM is free; a handler
 that writes holds one from its first write until the finish commits (that is the price of its
 writes committing atomically with the finish).
