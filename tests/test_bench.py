@@ -68,6 +68,7 @@ def _run() -> dict:
         "history": {"0": {"claim_ms": 0.5, "claim_ms_empty_queue": 0.1}},
         "scaling": {"1": jps["workers_1"]},
         "wal_flushes_per_job": flushes,
+        "client_cpu_ms_per_job": {k: 0.5 for k in names},
         "durability": {k: v for k, v in (bench.DURABILITY | bench_peers.DURABILITY).items()
                        if k in jps} | {"workers_1": bench.DURABILITY["workers"]},
         "docs": {k: v for k, v in bench_peers.DOCS.items() if k in jps},
@@ -82,9 +83,9 @@ def test_the_table_shows_each_peer_with_its_durability_and_its_page() -> None:
     text = bench_table.table(_run())
     row = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
     awa = next(line for key, line in row.items() if key.startswith("| [awa]"))
-    assert bench_peers.DOCS["awa"] in awa and "| 1,500 | 1.00 | flush per batch" in awa
+    assert bench_peers.DOCS["awa"] in awa and "| 1,500 | 1.00 | 0.500 | flush per batch" in awa
     assert any(bench_peers.DOCS["pgqueuer"] in key and "asyncpg" in key for key in row)
-    assert "| 0.10 | flush per batch: 10 finishes" in text
+    assert "| 0.10 | 0.500 | flush per batch: 10 finishes" in text
     assert "| `leased` at least 2x procrastinate | 2.67x | ✓ |" in text
     assert "| `leased_batch_commit` at least PgQueuer (asyncpg) | 0.67x | ✗ |" in text
     assert "| `leased` at least awa one job at a time | 1.60x | ✓ |" in text
@@ -94,7 +95,7 @@ def test_the_table_shows_each_peer_with_its_durability_and_its_page() -> None:
 
 def test_an_older_run_without_the_new_keys_still_renders() -> None:
     r = _run()
-    for key in ("wal_flushes_per_job", "durability", "docs"):
+    for key in ("wal_flushes_per_job", "client_cpu_ms_per_job", "durability", "docs"):
         del r[key]
     text = bench_table.table(r)
-    assert "| procrastinate, its defaults (psycopg, one job at a time) | 300 |  |  |" in text
+    assert "| procrastinate, its defaults (psycopg, one job at a time) | 300 |  |  |  |" in text

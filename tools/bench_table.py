@@ -70,25 +70,32 @@ def _label(text: str, docs: dict[str, str]) -> str:
 def table(r: dict[str, Any]) -> str:
     res = r["results"]
     s = r.get("settings", {})
-    flushes, notes, docs = r.get("wal_flushes_per_job", {}), r.get("durability", {}), r.get("docs", {})
+    flushes, cpu = r.get("wal_flushes_per_job", {}), r.get("client_cpu_ms_per_job", {})
+    notes, docs = r.get("durability", {}), r.get("docs", {})
     lines = [f"Measured by `tenantlab bench` on PostgreSQL {r['server_version']} (fsync "
              f"{s.get('fsync', '?')}, synchronous_commit {s.get('synchronous_commit', '?')}), "
              f"{r['jobs']:,} no-op jobs, one worker, median of {r['rounds']} rounds; WAL flushes "
-             "per job counted by the server (`pg_stat_wal`) during each row:", "",
-             "| what | jobs/s | WAL flushes per job | durability |", "|---|---|---|---|"]
+             "per job counted by the server (`pg_stat_wal`) during each row, the client's CPU "
+             "per job by the process that ran it (worker processes: their whole lives):", "",
+             "| what | jobs/s | WAL flushes per job | client CPU ms per job | durability |",
+             "|---|---|---|---|---|"]
 
     def flushed(key: str) -> str:
         return f"{flushes[key]:.2f}" if key in flushes else ""
 
+    def cpu_ms(key: str) -> str:
+        return f"{cpu[key]:.3f}" if key in cpu else ""
+
     for key, label in ROWS:
         if key in res:
             lines.append(f"| {_label(label, docs)} | {res[key]['jobs_per_s']:,.0f} | "
-                         f"{flushed(key)} | {notes.get(key, '')} |")
+                         f"{flushed(key)} | {cpu_ms(key)} | {notes.get(key, '')} |")
     if scaling := r.get("scaling"):
         counts = " / ".join(scaling)
         rates = " / ".join(f"{v:,.0f}" for v in scaling.values())
         each = " / ".join(flushed(f"workers_{w}") for w in scaling) if flushes else ""
-        lines.append(f"| worker processes {counts} | {rates} | {each} | "
+        cpus = " / ".join(cpu_ms(f"workers_{w}") for w in scaling) if cpu else ""
+        lines.append(f"| worker processes {counts} | {rates} | {each} | {cpus} | "
                      f"{notes.get('workers_1', '')} |")
     lines += ["", "| claim | ms |", "|---|---|"]
     for h, v in sorted(r["history"].items(), key=lambda kv: int(kv[0])):
