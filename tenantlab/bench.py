@@ -369,7 +369,7 @@ def compare(jobs: int = 400, rounds: int = 2) -> Any:
 
     The naive single transaction, the corrected worker loop (durable claim), with a heartbeat,
     and with ``--batch 10``; each measured ``rounds`` times in turn, the median kept, and its
-    per-job cost next to ``single``'s. procrastinate and PgQueuer: ``tenantlab bench --peers``.
+    per-job cost next to ``single``'s. procrastinate, PgQueuer and awa: ``tenantlab bench --peers``.
     """
     import pandas as pd
 
