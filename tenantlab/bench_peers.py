@@ -204,7 +204,7 @@ DURABILITY = {
     "awa": "flush per batch: completions that end within 1 ms share one commit (up to 512); "
            "a claim takes up to the free permits (10) in one commit",
     "awa_one": "flush per job: with one permit each job's claim and its completion commit "
-               "apart",
+               "apart, beside its own upkeep (heartbeats, lease rotation)",
 }
 
 #: The page that documents each peer's driver and the defaults used here.
