@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,13 @@ def test_an_older_run_without_the_new_keys_still_renders() -> None:
         del r[key]
     text = bench_table.table(r)
     assert "| procrastinate, its defaults (psycopg, one job at a time) | 300 |  |  |  |" in text
+
+
+def test_commit1_waits_for_one_wal_flush_per_commit_and_the_bench_counts_them(
+        scratch: db.Scratch) -> None:
+    before = bench.wal_flushes(scratch)
+    assert before is not None, "the server does not count its WAL flushes"
+    assert bench.commit1(scratch, 50) > 0
+    time.sleep(bench.STATS_SETTLE)  # the session's counts reach the shared ones when it ends
+    after = bench.wal_flushes(scratch)
+    assert after is not None and after - before >= 50  # other sessions may flush too

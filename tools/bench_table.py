@@ -119,7 +119,7 @@ def table(r: dict[str, Any]) -> str:
         if key in ratios:
             lines.append(f"| {text} | {ratios[key]:.2f}x | {'✓' if ok(ratios[key]) else '✗'} |")
         else:
-            lines.append(f"| {text} | not measured (run with `--peers`) | |")
+            lines.append(f"| {text} | not measured in this run (`--peers`, `--workers 8`) | |")
     if "leased" in lat:
         median = lat["leased"]["median"]
         lines.append(f"| idle latency median at most 10 ms | {median:.1f} ms | "
