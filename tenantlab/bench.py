@@ -1,7 +1,8 @@
 """What the queue costs per job: no-op jobs through each design, on the user's own server.
 
 ``tenantlab bench`` (or ``make bench``), in scratch databases, one round after another:
-``select1`` (the round-trip floor), ``single`` (the naive single transaction, its error
+``select1`` (the round-trip floor), ``commit1`` (the floor of a durable commit: a round trip and
+a WAL flush), ``single`` (the naive single transaction, its error
 handler on), ``leased`` (the production worker loop on one connection, its defaults: durable
 claim, the next claim riding on the finish's commit, the heartbeat on), ``leased_heartbeat``
 (the same, heartbeat every 10 s), ``leased_no_heartbeat`` (``--heartbeat 0``),
@@ -11,8 +12,10 @@ one commit per batch), ``leased_run_one`` (claim, execute, finish: two commits p
 (``workers_N``), the claim's cost on top of a history of finished jobs, behind jobs not yet
 due (scheduled for tomorrow, in backoff) and behind exhausted ones the reaper has not reached
 yet, the idle latency from enqueue to start (LISTEN/NOTIFY, and poll only), and with ``--peers``
-procrastinate and PgQueuer when installed (``pip install -e .[bench]``). Not a test: timings
-depend on the machine; read the ratios.
+procrastinate, PgQueuer (asyncpg; psycopg as ``pgqueuer_psycopg``) and awa (10 permits, its
+default; ``awa_one``: one) when installed (the dev and bench extras). Each row's WAL flushes per
+job are counted too (``pg_stat_wal``, every session of the server: the bench's own). Not a test:
+timings depend on the machine; read the ratios.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -27,6 +31,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
+
+import psycopg
 
 from . import db, kinds, queue
 from .jobqueue import Leased, Worker, WorkerOptions
@@ -53,6 +59,23 @@ LOOPS: dict[str, WorkerOptions] = {
 BATCH = 10
 LATENCY_JOBS = 60
 
+#: What each of the kit's rows makes durable per WAL flush (read from its code; the bench counts
+#: the flushes, ``wal_flushes_per_job``).
+DURABILITY = {
+    "select1": "no write",
+    "commit1": "one flush per commit: the floor under a flush per job",
+    "single": "flush per job: claim, work and finish in one commit",
+    "leased_run_one": "two flushes per job: the claim commits on its own, then the finish",
+    "leased_lossy_claim": "flush per job: the finish; the claim commits without waiting for "
+                          "its flush",
+    "leased": "flush per job: the finish and the next claim in one commit",
+    "leased_heartbeat": "flush per job, as `leased`",
+    "leased_no_heartbeat": "flush per job, as `leased`",
+    "leased_batch": "flush per job: each finish commits; the next 10 claimed with the last",
+    "leased_batch_commit": "flush per batch: 10 finishes and the next claim in one commit",
+    "workers": "flush per job, as `leased`",
+}
+
 
 def _reset(s: db.Scratch) -> None:
     with s.connect("admin", "bench reset", autocommit=True) as admin:
@@ -69,13 +92,39 @@ def select1(s: db.Scratch, n: int) -> float:
         return n / (time.perf_counter() - started)
 
 
+def commit1(s: db.Scratch, n: int) -> float:
+    """Return durable commits per second of a loop of the smallest write transaction."""
+    with s.connect("worker", "bench commit1", autocommit=True) as conn:
+        query = q("bench_commit1")
+        started = time.perf_counter()
+        for _ in range(n):
+            conn.execute(query)
+        return n / (time.perf_counter() - started)
+
+
+def wal_flushes(s: db.Scratch) -> float | None:
+    """Return the server's WAL flushes so far (all sessions), or None where it does not say."""
+    with s.connect("admin", "bench wal", autocommit=True) as c:
+        for name in ("bench_wal_flushes", "bench_wal_flushes_io"):
+            try:
+                return float(db.scalar(c, q(name)))
+            except psycopg.Error:
+                continue
+    return None
+
+
+#: A session's statistics reach the shared counters when it ends: time for the sessions of a
+#: drain (its worker, heartbeat, peer pool) to end before the flushes are read.
+STATS_SETTLE = 0.2
+
+
 def drain(s: db.Scratch, name: str, jobs: int) -> dict[str, float]:
     """Queue `jobs` no-op jobs, run them all with one design; return rates (and the drift)."""
     _reset(s)
     with s.connect("worker", "bench enqueue", autocommit=True) as conn:
         queue.enqueue(conn, "noop", count=jobs)
     done = 0
-    started = time.perf_counter()
+    cpu, started = time.process_time(), time.perf_counter()
     if name in LOOPS:
         done = Worker(s.worker, replace(LOOPS[name], name=f"bench-{name}"), kinds.handlers).run()
     else:
@@ -83,14 +132,20 @@ def drain(s: db.Scratch, name: str, jobs: int) -> dict[str, float]:
         with s.connect("worker", f"bench {name}", autocommit=True) as conn:
             while d.run_one(conn) is not None:
                 done += 1
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     if done != jobs:
         raise RuntimeError(f"bench {name}: ran {done} of {jobs} jobs")
     with s.connect("worker", "bench times", autocommit=True) as conn:
         t = [r[0] for r in conn.execute(q("bench_finish_times")).fetchall()]
     tenth = max(2, len(t) // 10)
     drift = (t[tenth - 1] - t[0]) / max(t[-1] - t[-tenth], 1e-9)
-    return {"jobs_per_s": jobs / elapsed, "drift": drift}
+    return {"jobs_per_s": jobs / elapsed, "drift": drift, "cpu_ms_per_job": cpu * 1000 / jobs}
+
+
+def cpu_seconds() -> float:
+    """Return the CPU time of this process (all its threads) and of its ended children."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 #: What may sit in front of the ready jobs (lower ids) without being claimable: the fill query
@@ -206,30 +261,49 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
     drift: dict[str, Any] = {}
     counts = sorted({1, 2, 4, 8} & set(range(1, workers + 1)) | {workers})
     peer_names: list[str] = []
+    peer_notes: dict[str, str] = {}
+    peer_docs: dict[str, str] = {}
     if peers:
         from . import bench_peers
 
         peer_names = bench_peers.installed(say)
+        peer_notes, peer_docs = bench_peers.DURABILITY, bench_peers.DOCS
     with db.scratch("bench") as s:
         drain(s, "single", min(jobs, 200))  # warm up: caches, plans, the first connection
-        names = ["select1", *DESIGNS, *LOOPS, *peer_names, *(f"workers_{w}" for w in counts)]
+        names = ["select1", "commit1", *DESIGNS, *LOOPS, *peer_names,
+                 *(f"workers_{w}" for w in counts)]
         runs: dict[str, list[float]] = {name: [] for name in names}
+        flushes: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
+
+        def measure(name: str, n: int, rate: Callable[..., Any], *args: Any) -> None:
+            # The WAL flushes of every session between the two readings: this row's own.
+            before, cpu0 = wal_flushes(s), cpu_seconds()
+            r = rate(*args)
+            if not isinstance(r, dict):  # a rate alone: the CPU of the whole call
+                r = {"jobs_per_s": r, "cpu_ms_per_job": (cpu_seconds() - cpu0) * 1000 / n}
+            runs[name].append(r["jobs_per_s"])
+            cpu.setdefault(name, []).append(r["cpu_ms_per_job"])
+            if "drift" in r:
+                drift.setdefault(name, []).append(r["drift"])
+            if before is not None:
+                time.sleep(STATS_SETTLE)
+                after = wal_flushes(s) or before
+                flushes.setdefault(name, []).append((after - before) / n)
+            say(name, runs[name][-1])
+
         # One round is every measurement once, in turn: a machine that is busier in one phase
         # than another shifts all of them alike, and the ratios hold.
         for _ in range(rounds):
-            runs["select1"].append(select1(s, max(jobs, 2000)))
-            say("select1", runs["select1"][-1])
+            loops = max(jobs, 2000)
+            measure("select1", loops, select1, s, loops)
+            measure("commit1", loops, commit1, s, loops)
             for name in [*DESIGNS, *LOOPS]:
-                r = drain(s, name, jobs)
-                runs[name].append(r["jobs_per_s"])
-                drift.setdefault(name, []).append(r["drift"])
-                say(name, r["jobs_per_s"])
+                measure(name, jobs, drain, s, name, jobs)
             for name in peer_names:
-                runs[name].append(bench_peers.drain(name, jobs))
-                say(name, runs[name][-1])
+                measure(name, jobs, bench_peers.drain, name, jobs)
             for w in counts:
-                runs[f"workers_{w}"].append(processes(s, w, jobs))
-                say(f"workers_{w}", runs[f"workers_{w}"][-1])
+                measure(f"workers_{w}", jobs, processes, s, w, jobs)
         results = {name: _rate(v) for name, v in runs.items()}
         scaling = {str(w): results[f"workers_{w}"]["jobs_per_s"] for w in counts}
         # The empty queue before and after the full history and the jobs not yet due: the
@@ -254,6 +328,7 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
             say(f"idle latency {name}", latency[name])
         settings = _settings(s)
     jps = {k: v["jobs_per_s"] for k, v in results.items()}
+    notes = DURABILITY | peer_notes
     return {
         "server_version": db.server_version(), "jobs": jobs, "rounds": rounds,
         "settings": settings,
@@ -269,6 +344,16 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
         "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
         "ratios": _ratios(jps, hist, history, not_due, spent),
+        # WAL flushes per job (per commit for commit1), median over the rounds, counted
+        # server-wide (pg_stat_wal): what each row's durability costs, as measured
+        "wal_flushes_per_job": {k: round(statistics.median(v), 3) for k, v in flushes.items()},
+        # the client's CPU per job (ms, median): this process and its threads while a row ran
+        # in it (a peer: from its first job to its last), the worker processes' whole lives
+        "client_cpu_ms_per_job": {k: round(statistics.median(v), 3) for k, v in cpu.items()},
+        # what a crash right after a job can lose: flush per job or per batch, by each row's code
+        "durability": {k: notes[k] for k in results if k in notes}
+        | {k: DURABILITY["workers"] for k in results if k.startswith("workers_")},
+        "docs": {k: v for k, v in peer_docs.items() if k in results},
         # kept from the first bench (add, never rename)
         "repeats": rounds,
         "jobs_per_second": jps,
@@ -284,7 +369,7 @@ def compare(jobs: int = 400, rounds: int = 2) -> Any:
 
     The naive single transaction, the corrected worker loop (durable claim), with a heartbeat,
     and with ``--batch 10``; each measured ``rounds`` times in turn, the median kept, and its
-    per-job cost next to ``single``'s. procrastinate and PgQueuer: ``tenantlab bench --peers``.
+    per-job cost next to ``single``'s. procrastinate, PgQueuer and awa: ``tenantlab bench --peers``.
     """
     import pandas as pd
 
@@ -325,7 +410,11 @@ def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int,
         out["workers_4_vs_1"] = jps["workers_4"] / jps["workers_1"]
     if "workers_8" in jps and "workers_4" in jps:
         out["workers_8_vs_4"] = jps["workers_8"] / jps["workers_4"]
-    for peer in ("procrastinate", "pgqueuer"):
+    if "commit1" in jps:
+        # The floor: one round trip and one WAL flush per job; how close each loop comes to it.
+        out["leased_vs_commit1"] = jps["leased"] / jps["commit1"]
+        out["single_vs_commit1"] = jps["single"] / jps["commit1"]
+    for peer in ("procrastinate", "pgqueuer", "pgqueuer_psycopg", "awa", "awa_one"):
         if peer in jps:
             out[f"leased_vs_{peer}"] = jps["leased"] / jps[peer]
             out[f"leased_batch_vs_{peer}"] = jps["leased_batch"] / jps[peer]
@@ -365,7 +454,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=count("workers", most=64), default=4,
                    help="worker processes at most for the scaling run (1, 2, 4, 8 up to W)")
     p.add_argument("--peers", action="store_true",
-                   help="also procrastinate and PgQueuer (pip install -e .[bench])")
+                   help="also procrastinate, PgQueuer and awa with their defaults (installed with "
+                        "the dev or bench extra)")
     p.add_argument("--json", metavar="FILE", type=output_file,
                    help="also write the result as JSON")
 
@@ -387,8 +477,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"PostgreSQL {r['server_version']} (fsync {r['settings']['fsync']}, synchronous_commit "
           f"{r['settings']['synchronous_commit']}), {r['jobs']} no-op jobs, median of "
           f"{r['rounds']} rounds")
+    flushes, cpu = r["wal_flushes_per_job"], r["client_cpu_ms_per_job"]
     for name, v in r["results"].items():
-        print(f"  {name:24} {v['jobs_per_s']:8.0f} jobs/s  {v['ms_per_job']:.3f} ms/job")
+        extra = f"  client CPU {cpu[name]:.3f} ms/job" if name in cpu else ""
+        extra += f"  {flushes[name]:.2f} WAL flushes/job" if name in flushes else ""
+        print(f"  {name:24} {v['jobs_per_s']:8.0f} jobs/s  {v['ms_per_job']:.3f} ms/job{extra}")
     for h, v in r["history"].items():
         print(f"  claim with {int(h):>9,} finished jobs: {v['claim_ms']:.3f} ms "
               f"({v['claim_ms_empty_queue']:.3f} ms on an empty queue)")

@@ -16,6 +16,7 @@ import readme_section
 
 ROWS = [
     ("select1", "round-trip floor: `select 1` on one connection"),
+    ("commit1", "durable-commit floor: a one-row insert per commit, one round trip each"),
     ("single", "`single`: one transaction per job, error handler on"),
     ("leased", "`leased`: the worker loop and its defaults (durable claim, the next claim in "
                "the finish's commit, heartbeat on)"),
@@ -24,9 +25,15 @@ ROWS = [
     ("leased_heartbeat", "`leased_heartbeat`: one heartbeat thread per worker"),
     ("leased_batch", "`leased_batch`: `--batch 10`"),
     ("leased_batch_commit", "`leased_batch_commit`: `--batch 10 --batch-commit`"),
-    ("procrastinate", "procrastinate, its defaults"),
-    ("pgqueuer", "PgQueuer, its defaults"),
+    ("procrastinate", "{procrastinate}, its defaults (psycopg, one job at a time)"),
+    ("pgqueuer", "{PgQueuer}, its defaults on asyncpg, its documented driver (batches of 10)"),
+    ("pgqueuer_psycopg", "PgQueuer, its defaults on psycopg"),
+    ("awa", "{awa} (`awa-pg`), its defaults (10 permits)"),
+    ("awa_one", "awa, one permit: one job at a time ({configuration})"),
 ]
+#: Where a label names a peer, the page its row links to: the run's ``docs`` key.
+LINKS = {"procrastinate": "procrastinate", "PgQueuer": "pgqueuer", "awa": "awa",
+         "configuration": "awa_one"}
 
 # (ratio key, target text, test)
 TARGETS = [
@@ -36,7 +43,10 @@ TARGETS = [
     ("leased_vs_no_heartbeat", "the default heartbeat: `leased` at least 0.9x without it",
      lambda v: v >= 0.9),
     ("leased_batch_vs_pgqueuer", "`leased_batch` at least PgQueuer", lambda v: v >= 1),
-    ("leased_batch_commit_vs_pgqueuer", "`leased_batch_commit` at least PgQueuer",
+    ("leased_batch_commit_vs_pgqueuer", "`leased_batch_commit` at least PgQueuer (asyncpg)",
+     lambda v: v >= 1),
+    ("leased_vs_awa_one", "`leased` at least awa one job at a time", lambda v: v >= 1),
+    ("leased_batch_commit_vs_awa", "`leased_batch_commit` at least awa with its default permits",
      lambda v: v >= 1),
     ("claim_at_history_vs_0", "claim with the history at most 1.5x without", lambda v: v <= 1.5),
     ("claim_empty_at_history_vs_0", "the same on an empty queue", lambda v: v <= 1.5),
@@ -51,20 +61,42 @@ TARGETS = [
 ]
 
 
+def _label(text: str, docs: dict[str, str]) -> str:
+    """Fill a row's {Name} with a link to the page the run names for it (or the bare name)."""
+    return text.format(**{name: f"[{name}]({docs[key]})" if key in docs else name
+                          for name, key in LINKS.items()})
+
+
 def table(r: dict[str, Any]) -> str:
     res = r["results"]
     s = r.get("settings", {})
+    flushes, cpu = r.get("wal_flushes_per_job", {}), r.get("client_cpu_ms_per_job", {})
+    notes, docs = r.get("durability", {}), r.get("docs", {})
     lines = [f"Measured by `tenantlab bench` on PostgreSQL {r['server_version']} (fsync "
              f"{s.get('fsync', '?')}, synchronous_commit {s.get('synchronous_commit', '?')}), "
-             f"{r['jobs']:,} no-op jobs, one worker, median of {r['rounds']} rounds:", "",
-             "| what | jobs/s |", "|---|---|"]
+             f"{r['jobs']:,} no-op jobs, one worker, median of {r['rounds']} rounds; WAL flushes "
+             "per job counted by the server (`pg_stat_wal`) during each row, the client's CPU "
+             "per job by the process that ran it (worker processes: their whole lives):", "",
+             "| what | jobs/s | WAL flushes per job | client CPU ms per job | durability |",
+             "|---|---|---|---|---|"]
+
+    def flushed(key: str) -> str:
+        return f"{flushes[key]:.2f}" if key in flushes else ""
+
+    def cpu_ms(key: str) -> str:
+        return f"{cpu[key]:.3f}" if key in cpu else ""
+
     for key, label in ROWS:
         if key in res:
-            lines.append(f"| {label} | {res[key]['jobs_per_s']:,.0f} |")
+            lines.append(f"| {_label(label, docs)} | {res[key]['jobs_per_s']:,.0f} | "
+                         f"{flushed(key)} | {cpu_ms(key)} | {notes.get(key, '')} |")
     if scaling := r.get("scaling"):
         counts = " / ".join(scaling)
         rates = " / ".join(f"{v:,.0f}" for v in scaling.values())
-        lines.append(f"| worker processes {counts} | {rates} |")
+        each = " / ".join(flushed(f"workers_{w}") for w in scaling) if flushes else ""
+        cpus = " / ".join(cpu_ms(f"workers_{w}") for w in scaling) if cpu else ""
+        lines.append(f"| worker processes {counts} | {rates} | {each} | {cpus} | "
+                     f"{notes.get('workers_1', '')} |")
     lines += ["", "| claim | ms |", "|---|---|"]
     for h, v in sorted(r["history"].items(), key=lambda kv: int(kv[0])):
         lines.append(f"| with {int(h):,} finished jobs (queue empty) | {v['claim_ms']:.3f} "
@@ -87,7 +119,7 @@ def table(r: dict[str, Any]) -> str:
         if key in ratios:
             lines.append(f"| {text} | {ratios[key]:.2f}x | {'✓' if ok(ratios[key]) else '✗'} |")
         else:
-            lines.append(f"| {text} | not measured (run with `--peers`) | |")
+            lines.append(f"| {text} | not measured in this run (`--peers`, `--workers 8`) | |")
     if "leased" in lat:
         median = lat["leased"]["median"]
         lines.append(f"| idle latency median at most 10 ms | {median:.1f} ms | "

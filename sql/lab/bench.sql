@@ -36,6 +36,20 @@ from generate_series(1, %(n)s::int) as g;
 -- name: bench_select1
 select 1;
 
+-- Run by tenantlab.bench: the smallest durable commit, one round trip and one WAL flush (one
+-- row written: a transaction that writes nothing but its id commits without waiting for a
+-- flush): the floor under a design that flushes once per job.
+-- name: bench_commit1
+insert into job_writes (job_id, attempt, tenant_id) values (0, 0, 0);
+
+-- Run by tenantlab.bench (admin) around each measurement: the server's WAL flushes so far, every
+-- session's (PostgreSQL 15 to 17; 18 counts them in pg_stat_io, bench_wal_flushes_io).
+-- name: bench_wal_flushes
+select wal_sync from pg_stat_wal;
+
+-- name: bench_wal_flushes_io
+select coalesce(sum(fsyncs), 0) from pg_stat_io where object = 'wal';
+
 -- Run by tenantlab.bench after an idle-latency run: from a job's insert to its execution's
 -- start, in milliseconds (one server clock for both).
 -- name: bench_latency_ms
