@@ -20,6 +20,8 @@ grant select, update on claimable to tenantlab_worker;
 grant select on jobqueue.migrations to tenantlab_worker;
 -- The round-robin claim moves the tenants' turns (finding noisy-neighbour).
 grant select, insert, update on tenant_turns to tenantlab_worker;
+-- Periodic jobs move their schedule's last slot (jobqueue.periodic).
+grant select, insert, update on jobqueue.periodic to tenantlab_worker;
 
 -- What a demo job wrote in its own transaction (payload `"write": true`): a handler that writes
 -- takes a transaction id at that write and holds it until its finish commits (findings vacuum,

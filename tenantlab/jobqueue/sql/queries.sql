@@ -9,12 +9,103 @@
 -- `jobqueue`.
 -- name: enqueue
 with job as (
-  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after)
+  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after, queue, priority)
   values (%(tenant)s, %(kind)s, %(payload)s, %(max_attempts)s,
-          coalesce(%(run_after)s::timestamptz, clock_timestamp()))
+          coalesce(%(run_after)s::timestamptz,
+                   clock_timestamp() + coalesce(%(delay)s::float8, 0) * interval '1 second'),
+          %(queue)s, %(priority)s)
   returning id
 )
 select id, pg_notify('jobqueue', '') from job;
+
+-- Run by jobqueue.enqueue with a unique key: the job, unless a live (queued or running) job has
+-- the key; then that job's id. The partial unique index jobs_unique_key decides: an enqueue
+-- of the same key by a transaction not committed yet is waited for. No row back: the job
+-- that held the key finished, or the one that took it committed, while this ran (this
+-- statement's snapshot sees neither): the caller runs it again.
+-- name: enqueue_unique
+with job as (
+  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after, queue, priority,
+                             unique_key)
+  values (%(tenant)s, %(kind)s, %(payload)s, %(max_attempts)s,
+          coalesce(%(run_after)s::timestamptz,
+                   clock_timestamp() + coalesce(%(delay)s::float8, 0) * interval '1 second'),
+          %(queue)s, %(priority)s, %(unique_key)s)
+  on conflict (unique_key) where unique_key is not null and status in ('queued', 'running')
+  do nothing
+  returning id
+)
+select id, pg_notify('jobqueue', '') from job
+union all
+select id, null from jobqueue.jobs
+ where unique_key = %(unique_key)s and status in ('queued', 'running')
+   and not exists (select from job);
+
+-- Run by jobqueue.enqueue_many: many jobs in one statement, one array per column (tenants as
+-- text, cast to the installed tenant type), one notification. Ids come back in the arrays'
+-- order (the order the rows are inserted in).
+-- name: enqueue_many
+with job as (
+  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after, queue, priority)
+  select j.tenant::jobqueue.tenant_id, j.kind, j.payload::jsonb, j.max_attempts,
+         coalesce(j.run_after, clock_timestamp() + coalesce(j.delay, 0) * interval '1 second'),
+         j.queue, j.priority
+    from unnest(%(tenants)s::text[], %(kinds)s::text[], %(payloads)s::text[],
+                %(max_attempts)s::int[], %(run_afters)s::timestamptz[], %(delays)s::float8[],
+                %(queues)s::text[], %(priorities)s::smallint[])
+         as j(tenant, kind, payload, max_attempts, run_after, delay, queue, priority)
+  returning id
+), notified as (
+  select pg_notify('jobqueue', '')
+)
+select job.id, null::text from job, notified;
+
+-- Run by jobqueue.enqueue_many when a job has a unique key: the same insert, skipping each
+-- job whose key a live job (or an earlier job of the same call) holds. Returns the rows
+-- inserted with their keys; the caller looks the skipped keys up (unique_ids).
+-- name: enqueue_many_unique
+with job as (
+  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after, queue, priority,
+                             unique_key)
+  select j.tenant::jobqueue.tenant_id, j.kind, j.payload::jsonb, j.max_attempts,
+         coalesce(j.run_after, clock_timestamp() + coalesce(j.delay, 0) * interval '1 second'),
+         j.queue, j.priority, j.unique_key
+    from unnest(%(tenants)s::text[], %(kinds)s::text[], %(payloads)s::text[],
+                %(max_attempts)s::int[], %(run_afters)s::timestamptz[], %(delays)s::float8[],
+                %(queues)s::text[], %(priorities)s::smallint[], %(unique_keys)s::text[])
+         as j(tenant, kind, payload, max_attempts, run_after, delay, queue, priority, unique_key)
+  on conflict (unique_key) where unique_key is not null and status in ('queued', 'running')
+  do nothing
+  returning id, unique_key
+), notified as (
+  select pg_notify('jobqueue', '')
+)
+select job.id, job.unique_key from job, notified;
+
+-- Run by jobqueue.enqueue_many after enqueue_many_unique: the live jobs holding these keys.
+-- name: unique_ids
+select id, unique_key from jobqueue.jobs
+ where unique_key = any(%(keys)s::text[]) and status in ('queued', 'running');
+
+-- Run by a worker's periodic check (periodic.py) when a schedule's slot has come: the job of
+-- that slot, only if this statement moves the schedule's last slot forward. Two workers at
+-- once: the second waits for the first's row, then sees the slot taken (no job). A slot older
+-- than the last one (a late worker) moves nothing. A schedule seen for the first time records
+-- its slot and enqueues nothing: it starts at its next slot. Returns the job's id (null: none).
+-- name: periodic_enqueue
+with moved as (
+  insert into jobqueue.periodic as p (name, last_slot) values (%(name)s, %(slot)s)
+  on conflict (name) do update set last_slot = excluded.last_slot
+   where p.last_slot < excluded.last_slot
+  returning (xmax <> 0) as was_there
+), job as (
+  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, queue, priority, unique_key)
+  select %(tenant)s::text::jobqueue.tenant_id, %(kind)s, %(payload)s, %(max_attempts)s,
+         %(queue)s, %(priority)s, %(unique_key)s
+    from moved where moved.was_there
+  returning id
+)
+select (select id from job), (select pg_notify('jobqueue', '') from job);
 
 -- Run by an idle worker on its own connection: wake on every enqueue (the poll is the fallback).
 -- name: listen
@@ -28,13 +119,41 @@ listen jobqueue;
 -- whatever the table's estimates (with `id in (...)` the planner, misled by exhausted rows it
 -- cannot tell apart, re-planned every claim at several times the cost).
 -- name: claim_leased
+with recursive levels(queue, priority) as (
+  -- The priorities present in each served queue, highest first: one index descent each.
+  select served.queue,
+         (select j.priority from jobqueue.jobs j
+           where j.queue = served.queue and j.status in ('queued', 'running')
+             and j.attempts < j.max_attempts
+           order by j.priority desc limit 1)
+    from unnest(%(queues)s::text[]) as served(queue)
+  union all
+  select levels.queue,
+         (select j.priority from jobqueue.jobs j
+           where j.queue = levels.queue and j.status in ('queued', 'running')
+             and j.attempts < j.max_attempts and j.priority < levels.priority
+           order by j.priority desc limit 1)
+    from levels
+   where levels.priority is not null
+)
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id = any(array(select id from jobqueue.claimable
-                       where kind = any(%(kinds)s::text[])
-                       order by claimable_at, id limit %(batch)s
-                       for update skip locked))
+ where id = any(array(
+         select job.id
+           from (select distinct priority from levels where priority is not null
+                  order by priority desc) as level
+          cross join lateral (
+                select c.id, c.claimable_at
+                  from unnest(%(queues)s::text[]) as served(queue)
+                 cross join lateral (
+                       select c.id, c.claimable_at from jobqueue.claimable c
+                        where c.queue = served.queue and c.priority = level.priority
+                          and c.kind = any(%(kinds)s::text[])
+                        order by c.claimable_at, c.id limit %(batch)s
+                        for update skip locked) as c
+                 order by c.claimable_at, c.id limit %(batch)s) as job
+          limit %(batch)s))
 returning id, tenant_id, attempts as attempt, kind, payload;
 
 -- Run by Leased.claim with lossy_claim=True, only for a claim that is a transaction of its own:
@@ -42,14 +161,42 @@ returning id, tenant_id, attempts as attempt, kind, payload;
 -- after it can lose the count, and the same attempt number is then handed out twice (the fence
 -- cannot tell those executions apart).
 -- name: claim_leased_lossy
+with recursive levels(queue, priority) as (
+  -- The priorities present in each served queue, highest first: one index descent each.
+  select served.queue,
+         (select j.priority from jobqueue.jobs j
+           where j.queue = served.queue and j.status in ('queued', 'running')
+             and j.attempts < j.max_attempts
+           order by j.priority desc limit 1)
+    from unnest(%(queues)s::text[]) as served(queue)
+  union all
+  select levels.queue,
+         (select j.priority from jobqueue.jobs j
+           where j.queue = levels.queue and j.status in ('queued', 'running')
+             and j.attempts < j.max_attempts and j.priority < levels.priority
+           order by j.priority desc limit 1)
+    from levels
+   where levels.priority is not null
+)
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
   from (select set_config('synchronous_commit', 'off', true)) as lossy
- where id = any(array(select id from jobqueue.claimable
-                       where kind = any(%(kinds)s::text[])
-                       order by claimable_at, id limit %(batch)s
-                       for update skip locked))
+ where id = any(array(
+         select job.id
+           from (select distinct priority from levels where priority is not null
+                  order by priority desc) as level
+          cross join lateral (
+                select c.id, c.claimable_at
+                  from unnest(%(queues)s::text[]) as served(queue)
+                 cross join lateral (
+                       select c.id, c.claimable_at from jobqueue.claimable c
+                        where c.queue = served.queue and c.priority = level.priority
+                          and c.kind = any(%(kinds)s::text[])
+                        order by c.claimable_at, c.id limit %(batch)s
+                        for update skip locked) as c
+                 order by c.claimable_at, c.id limit %(batch)s) as job
+          limit %(batch)s))
 returning id, tenant_id, attempts as attempt, kind, payload;
 
 -- Run by Leased.execute as the first statement of the work's transaction: the tenant in its
@@ -92,7 +239,23 @@ select count(*) as finished, (select id from run) as run from done;
 -- back with everything else. One row per job claimed (or one with nulls): `finished` = 0 is
 -- fenced out (roll back).
 -- name: complete_if_owner_and_claim
-with done as (
+with recursive levels(queue, priority) as (
+  -- The priorities present in each served queue, highest first: one index descent each.
+  select served.queue,
+         (select j.priority from jobqueue.jobs j
+           where j.queue = served.queue and j.status in ('queued', 'running')
+             and j.attempts < j.max_attempts
+           order by j.priority desc limit 1)
+    from unnest(%(queues)s::text[]) as served(queue)
+  union all
+  select levels.queue,
+         (select j.priority from jobqueue.jobs j
+           where j.queue = levels.queue and j.status in ('queued', 'running')
+             and j.attempts < j.max_attempts and j.priority < levels.priority
+           order by j.priority desc limit 1)
+    from levels
+   where levels.priority is not null
+), done as (
   update jobqueue.jobs set status = 'done', locked_until = null, last_error = null,
                            finished = clock_timestamp()
    where id = %(id)s and attempts = %(attempt)s and status = 'running'
@@ -107,10 +270,22 @@ with done as (
   update jobqueue.jobs
      set status = 'running', attempts = attempts + 1,
          locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
-   where id in (select id from jobqueue.claimable
-                 where kind = any(%(kinds)s::text[]) and id <> %(id)s
-                 order by claimable_at, id limit %(batch)s
-                 for update skip locked)
+   where id = any(array(
+           select job.id
+             from (select distinct priority from levels where priority is not null
+                  order by priority desc) as level
+            cross join lateral (
+                  select c.id, c.claimable_at
+                    from unnest(%(queues)s::text[]) as served(queue)
+                   cross join lateral (
+                         select c.id, c.claimable_at from jobqueue.claimable c
+                          where c.queue = served.queue and c.priority = level.priority
+                            and c.kind = any(%(kinds)s::text[])
+                            and c.id <> %(id)s
+                          order by c.claimable_at, c.id limit %(batch)s
+                          for update skip locked) as c
+                   order by c.claimable_at, c.id limit %(batch)s) as job
+              limit %(batch)s))
   returning id, tenant_id, attempts as attempt, kind, payload
 )
 select (select count(*) from done) as finished, (select id from run) as run,
@@ -288,7 +463,8 @@ with recursive tenants as (
    cross join lateral (
          select c.id from jobqueue.claimable c
           where c.tenant_id = turn.tenant_id and c.kind = any(%(kinds)s::text[])
-          order by c.claimable_at, c.id limit 1
+            and c.queue = any(%(queues)s::text[])
+          order by c.priority desc, c.claimable_at, c.id limit 1
           for update skip locked) as job
    limit %(batch)s
 ), moved as (
@@ -319,16 +495,45 @@ returning id, tenant_id, attempts as attempt, kind, payload;
 -- batch can take several jobs of a tenant below N. It helps only with more workers than N; the
 -- walk passes the busy tenants' claimable jobs (the noisy backlog) before it finds another's.
 -- name: claim_limit
+with recursive levels(queue, priority) as (
+  -- The priorities present in each served queue, highest first: one index descent each.
+  select served.queue,
+         (select j.priority from jobqueue.jobs j
+           where j.queue = served.queue and j.status in ('queued', 'running')
+             and j.attempts < j.max_attempts
+           order by j.priority desc limit 1)
+    from unnest(%(queues)s::text[]) as served(queue)
+  union all
+  select levels.queue,
+         (select j.priority from jobqueue.jobs j
+           where j.queue = levels.queue and j.status in ('queued', 'running')
+             and j.attempts < j.max_attempts and j.priority < levels.priority
+           order by j.priority desc limit 1)
+    from levels
+   where levels.priority is not null
+), busy as (
+  select tenant_id from jobqueue.jobs
+   where status = 'running' and locked_until >= clock_timestamp()
+   group by tenant_id
+  having count(*) >= %(limit)s
+)
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id = any(array(select id from jobqueue.claimable
-                       where kind = any(%(kinds)s::text[])
-                         and tenant_id not in (select tenant_id from jobqueue.jobs
-                                                where status = 'running'
-                                                  and locked_until >= clock_timestamp()
-                                                group by tenant_id
-                                               having count(*) >= %(limit)s)
-                       order by claimable_at, id limit %(batch)s
-                       for update skip locked))
+ where id = any(array(
+         select job.id
+           from (select distinct priority from levels where priority is not null
+                  order by priority desc) as level
+          cross join lateral (
+                select c.id, c.claimable_at
+                  from unnest(%(queues)s::text[]) as served(queue)
+                 cross join lateral (
+                       select c.id, c.claimable_at from jobqueue.claimable c
+                        where c.queue = served.queue and c.priority = level.priority
+                          and c.kind = any(%(kinds)s::text[])
+                          and c.tenant_id not in (select tenant_id from busy)
+                        order by c.claimable_at, c.id limit %(batch)s
+                        for update skip locked) as c
+                 order by c.claimable_at, c.id limit %(batch)s) as job
+          limit %(batch)s))
 returning id, tenant_id, attempts as attempt, kind, payload;
