@@ -3,7 +3,8 @@
 ``worker`` (the default) runs jobs with the handlers an application registered
 (``--handlers myapp.jobs`` imports that module first); ``reap`` gives expired leases a final
 state, once or ``--loop S``; ``prune --older-than S`` deletes finished jobs in batches;
-``migrate`` (alias ``schema``) applies the queue's migrations, as the role that owns the schema.
+``migrate`` (alias ``schema``) applies the queue's migrations, as the role that owns the schema;
+``enqueue KIND --tenant T`` queues one job and prints its id.
 The DSN may come from ``JOBQUEUE_DSN`` instead of the command line (where ``ps`` would show its
 password).
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import os
 import sys
@@ -31,16 +33,19 @@ import psycopg
 
 from . import migrations
 from . import worker as w
+from .enqueue import enqueue
 from .handlers import Handlers
 from .handlers import handlers as default_handlers
-from .jobs import ConfigError, JobQueueError
+from .jobs import ConfigError, JobQueueError, UnknownKind
 from .options import Parser, WorkerOptions, add_flags, count, from_args, seconds
+from .periodic import Schedules
+from .periodic import schedules as default_schedules
 from .preflight import check_dsn, connect, connect_checked, diagnose, one_line, preflight, refused_login
 from .reaper import Reaper, ReaperConfig, prune
 
 PROG = f"python -m {__package__}"
 DSN_ENV = "JOBQUEUE_DSN"
-COMMANDS = ("worker", "reap", "prune", "migrate", "schema")
+COMMANDS = ("worker", "reap", "prune", "migrate", "schema", "enqueue")
 DEBUG = "--debug"
 
 SIGNALS = ("SIGTERM or SIGINT stops the worker after its current job (or batch); a second one "
@@ -76,6 +81,13 @@ def load_handlers(spec: str | None) -> Handlers:
         return Handlers(found)
     raise ConfigError(f"{spec} is a {type(found).__name__}, not a Handlers or a mapping "
                       "from kind to function")
+
+
+def load_schedules(spec: str | None) -> Schedules:
+    """Return the periodic jobs the handlers module declared: its ``schedules``, or the default."""
+    module = sys.modules.get((spec or "").partition(":")[0]) if spec else None
+    found = getattr(module, "schedules", None)
+    return found if isinstance(found, Schedules) else default_schedules
 
 
 def parser() -> argparse.ArgumentParser:
@@ -115,13 +127,60 @@ def parser() -> argparse.ArgumentParser:
                     help="the type of your tenant ids, fixed at install by the first migration "
                          "(default: bigint; later runs keep the installed type)")
     mi.set_defaults(func=cmd_migrate)
+    add_enqueue(sub, dsn)
     return p
+
+
+def add_enqueue(sub: Any, dsn: dict[str, Any]) -> None:
+    """The ``enqueue`` command: one job, its id printed."""
+    en = sub.add_parser("enqueue", help="queue one job and print its id")
+    en.add_argument("kind", help="the job's kind")
+    en.add_argument("--dsn", **dsn)
+    en.add_argument("--tenant", required=True, help="the tenant's id (the installed type)")
+    en.add_argument("--payload", type=json_object, default=None, metavar="JSON",
+                    help="the job's payload, a JSON document (default: {})")
+    en.add_argument("--queue", default="default", help="the queue (default: %(default)s)")
+    en.add_argument("--priority", type=int, default=0,
+                    help="higher runs first (default: 0; -32768..32767)")
+    en.add_argument("--unique-key", default=None, metavar="KEY",
+                    help="while a job with KEY is queued or running, print its id instead")
+    en.add_argument("--run-after", type=seconds("run-after", zero=True), default=None,
+                    metavar="S", help="seconds from now before a worker may take it")
+    en.add_argument("--max-attempts", type=count("max-attempts", most=2_000_000_000), default=3,
+                    help="attempts before the job is dead (default: %(default)s)")
+    en.add_argument("--handlers", metavar="MODULE[:ATTR]", default=None,
+                    help="refuse a kind that MODULE has no handler for")
+    en.add_argument("--json", action="store_true", help='print {"id": N} as JSON')
+    en.set_defaults(func=cmd_enqueue)
+
+
+def json_object(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"payload must be JSON, not {text!r} ({e})") from None
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    """Queue one job (its own transaction); print its id."""
+    known = load_handlers(args.handlers) if args.handlers else None
+    tenant: int | str = int(args.tenant) if args.tenant.lstrip("-").isdigit() else args.tenant
+    with connect_checked(args.dsn, "enqueue") as conn:
+        try:
+            job = enqueue(conn, args.kind, tenant=tenant, payload=args.payload,
+                          queue=args.queue, priority=args.priority, unique_key=args.unique_key,
+                          run_after=args.run_after, max_attempts=args.max_attempts, known=known)
+        except UnknownKind as e:
+            raise ConfigError(str(e)) from e
+    print(json.dumps({"id": job}) if args.json else job)
+    return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     options = from_args(WorkerOptions, args)
     # Its run() refuses to start without handlers, then runs the preflight.
-    worker = w.Worker(args.dsn, options, load_handlers(args.handlers))
+    worker = w.Worker(args.dsn, options, load_handlers(args.handlers),
+                      schedules=load_schedules(args.handlers))
     w.stop_on_signals(worker)
     worker.run()
     return w.EXIT_STOPPED
