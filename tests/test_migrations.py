@@ -108,7 +108,8 @@ def test_a_worker_refuses_a_schema_that_is_missing_behind_or_not_granted(
                                   "grant select, update on jobqueue.claimable to {r}")
                           .format(r=role))
         migrations.check(worker)  # all there
-        monkeypatch.setattr(migrations, "latest", lambda: 2)
-        with pytest.raises(ConfigError, match="at migration 1, this worker needs 2: run "
-                                              "`migrate"):
+        installed = migrations.latest()
+        monkeypatch.setattr(migrations, "latest", lambda: installed + 1)
+        with pytest.raises(ConfigError, match=f"at migration {installed}, this worker needs "
+                                              f"{installed + 1}: run `migrate"):
             migrations.check(worker)
