@@ -168,20 +168,29 @@ async def enqueue_async(conn: psycopg.AsyncConnection, kind: str, *, tenant: Ten
 def _many(jobs: Iterable[Job | Mapping[str, Any]],
           known: Container[str] | None) -> tuple[list[Job], str, dict[str, Any]]:
     batch = [_check(_job(j), known) for j in jobs]
-    params = {
-        "tenants": [str(j.tenant) for j in batch],
-        "kinds": [j.kind for j in batch],
-        "payloads": [json.dumps(j.payload if j.payload is not None else {}) for j in batch],
-        "max_attempts": [j.max_attempts for j in batch],
-        "run_afters": [j.run_after if isinstance(j.run_after, datetime) else None
-                       for j in batch],
-        "delays": [j._delay for j in batch],
-        "queues": [j.queue for j in batch],
-        "priorities": [j.priority for j in batch],
-        "unique_keys": [j.unique_key for j in batch],
-    }
+    # One JSON document for the batch (json_to_recordset on the server): one fast dump here
+    # instead of an array adaptation per column; a value at its column's default is left out.
+    rows = []
+    for j in batch:
+        row: dict[str, Any] = {"t": str(j.tenant), "k": j.kind}
+        if j.payload is not None:
+            row["p"] = j.payload
+        if j.max_attempts != 3:
+            row["m"] = j.max_attempts
+        if j.queue != DEFAULT_QUEUE:
+            row["q"] = j.queue
+        if j.priority:
+            row["r"] = j.priority
+        if j.unique_key is not None:
+            row["u"] = j.unique_key
+        if isinstance(j.run_after, datetime):
+            row["a"] = j.run_after.isoformat()
+        elif j._delay is not None:
+            row["d"] = j._delay
+        rows.append(row)
     unique = any(j.unique_key is not None for j in batch)
-    return batch, q("enqueue_many_unique" if unique else "enqueue_many"), params
+    return batch, q("enqueue_many_unique" if unique else "enqueue_many"), \
+        {"jobs": json.dumps(rows, separators=(",", ":"))}
 
 
 def _ids(batch: list[Job], rows: list[tuple[Any, ...]]) -> tuple[list[int | None], list[str]]:

@@ -41,19 +41,20 @@ select id, null from jobqueue.jobs
  where unique_key = %(unique_key)s and status in ('queued', 'running')
    and not exists (select from job);
 
--- Run by jobqueue.enqueue_many: many jobs in one statement, one array per column (tenants as
--- text, cast to the installed tenant type), one notification. Ids come back in the arrays'
--- order (the order the rows are inserted in).
+-- Run by jobqueue.enqueue_many: many jobs in one statement, from one JSON array (keys: t tenant,
+-- k kind, p payload, m max_attempts, q queue, r priority, u unique_key, a run_after, d delay in
+-- seconds; a key left out takes the column's default), one notification. The tenant is cast
+-- from text to the installed tenant type. Ids come back in the array's order (the order the
+-- rows are inserted in).
 -- name: enqueue_many
 with job as (
   insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after, queue, priority)
-  select j.tenant::jobqueue.tenant_id, j.kind, j.payload::jsonb, j.max_attempts,
-         coalesce(j.run_after, clock_timestamp() + coalesce(j.delay, 0) * interval '1 second'),
-         j.queue, j.priority
-    from unnest(%(tenants)s::text[], %(kinds)s::text[], %(payloads)s::text[],
-                %(max_attempts)s::int[], %(run_afters)s::timestamptz[], %(delays)s::float8[],
-                %(queues)s::text[], %(priorities)s::smallint[])
-         as j(tenant, kind, payload, max_attempts, run_after, delay, queue, priority)
+  select j.t::jobqueue.tenant_id, j.k, coalesce(j.p, '{}'), coalesce(j.m, 3),
+         coalesce(j.a, clock_timestamp() + coalesce(j.d, 0) * interval '1 second'),
+         coalesce(j.q, 'default'), coalesce(j.r, 0)
+    from json_to_recordset(%(jobs)s::json)
+         as j(t text, k text, p jsonb, m int, q text, r smallint, u text, a timestamptz,
+              d float8)
   returning id
 ), notified as (
   select pg_notify('jobqueue', '')
@@ -67,13 +68,12 @@ select job.id, null::text from job, notified;
 with job as (
   insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after, queue, priority,
                              unique_key)
-  select j.tenant::jobqueue.tenant_id, j.kind, j.payload::jsonb, j.max_attempts,
-         coalesce(j.run_after, clock_timestamp() + coalesce(j.delay, 0) * interval '1 second'),
-         j.queue, j.priority, j.unique_key
-    from unnest(%(tenants)s::text[], %(kinds)s::text[], %(payloads)s::text[],
-                %(max_attempts)s::int[], %(run_afters)s::timestamptz[], %(delays)s::float8[],
-                %(queues)s::text[], %(priorities)s::smallint[], %(unique_keys)s::text[])
-         as j(tenant, kind, payload, max_attempts, run_after, delay, queue, priority, unique_key)
+  select j.t::jobqueue.tenant_id, j.k, coalesce(j.p, '{}'), coalesce(j.m, 3),
+         coalesce(j.a, clock_timestamp() + coalesce(j.d, 0) * interval '1 second'),
+         coalesce(j.q, 'default'), coalesce(j.r, 0), j.u
+    from json_to_recordset(%(jobs)s::json)
+         as j(t text, k text, p jsonb, m int, q text, r smallint, u text, a timestamptz,
+              d float8)
   on conflict (unique_key) where unique_key is not null and status in ('queued', 'running')
   do nothing
   returning id, unique_key
