@@ -7,7 +7,9 @@ claim, the next claim riding on the finish's commit, the heartbeat on), ``leased
 (the same, heartbeat every 10 s), ``leased_no_heartbeat`` (``--heartbeat 0``),
 ``leased_batch`` (``--batch 10``), ``leased_batch_commit`` (``--batch 10 --batch-commit``:
 one commit per batch), ``leased_run_one`` (claim, execute, finish: two commits per job) and
-``leased_lossy_claim`` (its claim not flushed); then worker processes side by side
+``leased_lossy_claim`` (its claim not flushed); the routing rows (``leased_priority``,
+``leased_queues``, ``leased_unique``: see ``ROUTING``) and the enqueue rates (``enqueue_one``,
+``enqueue_many``); then worker processes side by side
 (``workers_N``), the claim's cost on top of a history of finished jobs, behind jobs not yet
 due (scheduled for tomorrow, in backoff) and behind exhausted ones the reaper has not reached
 yet, the idle latency from enqueue to start (LISTEN/NOTIFY, and poll only), and with ``--peers``
@@ -29,7 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from . import db, kinds, queue
-from .jobqueue import Leased, Worker, WorkerOptions
+from .jobqueue import Leased, Worker, WorkerOptions, enqueue, enqueue_many
 from .jobqueue.options import Parser, count, number
 from .queries import q
 from .validate import output_file
@@ -91,6 +93,59 @@ def drain(s: db.Scratch, name: str, jobs: int) -> dict[str, float]:
     tenth = max(2, len(t) // 10)
     drift = (t[tenth - 1] - t[0]) / max(t[-1] - t[-tenth], 1e-9)
     return {"jobs_per_s": jobs / elapsed, "drift": drift}
+
+
+#: Routing (issue 23): the ``leased`` loop on jobs that use what routing adds, each against
+#: ``leased`` in the same round (``ratios``: ``<row>_vs_leased``, 1.0 = costs nothing): four
+#: priorities; two queues served by one worker; a unique key on every job. The jobs are queued
+#: by ``jobqueue.enqueue_many``, whose rate (one statement, ``enqueue_many``) is measured next
+#: to one ``enqueue`` per job in one transaction (``enqueue_one``).
+ROUTING: dict[str, tuple[WorkerOptions, Callable[[int], dict[str, Any]]]] = {
+    "leased_priority": (LOOPS["leased"], lambda i: {"priority": i % 4}),
+    "leased_queues": (replace(LOOPS["leased"], queues="default,other"),
+                      lambda i: {"queue": "other" if i % 2 else "default"}),
+    "leased_unique": (LOOPS["leased"], lambda i: {"unique_key": f"bench-{i}"}),
+}
+ENQUEUE_MANY = 20_000
+
+
+def drain_routing(s: db.Scratch, name: str, jobs: int) -> float:
+    """Queue `jobs` no-op jobs shaped by the routing row `name`, run them all; return jobs/s."""
+    options, shape = ROUTING[name]
+    _reset(s)
+    with s.connect("worker", "bench enqueue", autocommit=True) as conn:
+        enqueue_many(conn, [dict(kind="noop", tenant=1 + i % 100, payload={"seconds": 0.0},
+                                 **shape(i)) for i in range(jobs)])
+    started = time.perf_counter()
+    done = Worker(s.worker, replace(options, name=f"bench-{name}"), kinds.handlers).run()
+    elapsed = time.perf_counter() - started
+    if done != jobs:
+        raise RuntimeError(f"bench {name}: ran {done} of {jobs} jobs")
+    return jobs / elapsed
+
+
+def enqueue_rates(s: db.Scratch, jobs: int) -> dict[str, float]:
+    """Return jobs/s queued by ``enqueue_many`` (one statement) and by one ``enqueue`` per job."""
+    _reset(s)
+    many = max(jobs, ENQUEUE_MANY)
+    with s.connect("worker", "bench enqueue many", autocommit=True) as conn:
+        batch = [{"kind": "noop", "tenant": 1 + i % 100, "payload": {"i": i}} for i in range(many)]
+        started = time.perf_counter()
+        enqueue_many(conn, batch)
+        rate_many = many / (time.perf_counter() - started)
+        started = time.perf_counter()
+        with conn.transaction():
+            for i in range(jobs):
+                enqueue(conn, "noop", tenant=1 + i % 100, payload={"i": i})
+        rate_one = jobs / (time.perf_counter() - started)
+    return {"enqueue_many": rate_many, "enqueue_one": rate_one}
+
+
+def _routing_ratios(jps: dict[str, float]) -> dict[str, float]:
+    out = {f"{name}_vs_leased": jps[name] / jps["leased"] for name in ROUTING if name in jps}
+    if "enqueue_many" in jps and "enqueue_one" in jps:
+        out["enqueue_many_vs_one"] = jps["enqueue_many"] / jps["enqueue_one"]
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 #: What may sit in front of the ready jobs (lower ids) without being claimable: the fill query
@@ -212,7 +267,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         peer_names = bench_peers.installed(say)
     with db.scratch("bench") as s:
         drain(s, "single", min(jobs, 200))  # warm up: caches, plans, the first connection
-        names = ["select1", *DESIGNS, *LOOPS, *peer_names, *(f"workers_{w}" for w in counts)]
+        names = ["select1", *DESIGNS, *LOOPS, *ROUTING, "enqueue_one", "enqueue_many",
+                 *peer_names, *(f"workers_{w}" for w in counts)]
         runs: dict[str, list[float]] = {name: [] for name in names}
         # One round is every measurement once, in turn: a machine that is busier in one phase
         # than another shifts all of them alike, and the ratios hold.
@@ -224,6 +280,12 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
                 runs[name].append(r["jobs_per_s"])
                 drift.setdefault(name, []).append(r["drift"])
                 say(name, r["jobs_per_s"])
+            for name in ROUTING:
+                runs[name].append(drain_routing(s, name, jobs))
+                say(name, runs[name][-1])
+            for name, rate in enqueue_rates(s, jobs).items():
+                runs[name].append(rate)
+                say(name, rate)
             for name in peer_names:
                 runs[name].append(bench_peers.drain(name, jobs))
                 say(name, runs[name][-1])
@@ -268,7 +330,7 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         "scaling": scaling,
         # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
         "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
-        "ratios": _ratios(jps, hist, history, not_due, spent),
+        "ratios": {**_ratios(jps, hist, history, not_due, spent), **_routing_ratios(jps)},
         # kept from the first bench (add, never rename)
         "repeats": rounds,
         "jobs_per_second": jps,
