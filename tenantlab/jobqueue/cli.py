@@ -141,7 +141,7 @@ def add_enqueue(sub: Any, dsn: dict[str, Any]) -> None:
                     help="the job's payload, a JSON document (default: {})")
     en.add_argument("--queue", default="default", help="the queue (default: %(default)s)")
     en.add_argument("--priority", type=int, default=0,
-                    help="higher runs first (default: 0; -32768..32767)")
+                    help="higher runs first (default: 0; -10..10)")
     en.add_argument("--unique-key", default=None, metavar="KEY",
                     help="while a job with KEY is queued or running, print its id instead")
     en.add_argument("--run-after", type=seconds("run-after", zero=True), default=None,

@@ -4,7 +4,7 @@ Every function runs in the caller's transaction (the jobs exist, and the idle wo
 when it commits) and returns the jobs' ids. What a job may carry:
 
 - ``queue`` (default ``'default'``): only workers that serve it claim it (``--queues``);
-- ``priority`` (default 0, -32768..32767): higher runs first within what a worker serves;
+- ``priority`` (default 0, -10..10): higher runs first within what a worker serves;
 - ``unique_key``: while a job with this key is queued or running, enqueueing the key again
   returns that job's id instead of a new job (a partial unique index decides, so two
   transactions enqueueing the same key at once get one job);
@@ -28,7 +28,7 @@ from .jobs import ConfigError, JobQueueError, TenantId, UnknownKind, check_tenan
 from .queries import q
 
 DEFAULT_QUEUE = "default"
-PRIORITY_RANGE = (-32768, 32767)  # the column is a smallint
+PRIORITY_RANGE = (-10, 10)  # the column's check priority_in_range; the claims name each
 #: Tries of a unique enqueue whose statement saw the key neither free nor taken (the job that
 #: held it finished, or the one that took it committed, while the statement ran).
 UNIQUE_TRIES = 10

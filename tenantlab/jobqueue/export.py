@@ -123,7 +123,7 @@ Routing (all optional; the defaults are one queue, FIFO):
 
 - `queue`: a worker serves `--queues default` unless given a list (`--queues slow,default`), so
   a queue is how to keep a slow kind off the workers that serve everything else;
-- `priority` (-32768..32767, default 0): higher first, then the oldest, across the queues a
+- `priority` (-10..10, default 0): higher first, then the oldest, across the queues a
   worker serves; the fair claims keep it within a tenant;
 - `unique_key`: while a job with the key is queued or running, enqueueing it again returns
   that job's id (race-free: a partial unique index decides);

@@ -132,7 +132,8 @@ class Leased:
         if self.fair:
             return q(self.fair.query), params | self.fair.params
         lossy = self.lossy_claim and not chained
-        return q("claim_leased_lossy" if lossy else "claim_leased"), params
+        name = "claim_leased" if len(self.queues) == 1 else "claim_leased_queues"
+        return q(name + "_lossy" if lossy else name), params
 
     def start_query(self, claim: Claim) -> tuple[str, dict[str, Any]]:
         """Return the start: the tenant set locally, if this attempt still owns a live lease.

@@ -6,18 +6,20 @@ alter table jobqueue.jobs
   -- A worker serves a list of queues (default: 'default' only); a job in a queue no worker
   -- serves waits, queued.
   add column queue text not null default 'default',
-  -- Higher runs first; within a priority, the oldest claimable first (as before).
+  -- From -10 to 10, higher first; within a priority, the oldest claimable first (as before).
   add column priority smallint not null default 0,
   -- While a job with this key is queued or running, enqueueing another with the same key
   -- returns that job's id instead (jobs_unique_key).
   add column unique_key text,
   add constraint queue_is_named check (queue <> '' and length(queue) <= 200),
-  add constraint unique_key_not_empty check (unique_key <> '');
+  add constraint unique_key_not_empty check (unique_key <> ''),
+  -- The claims name every priority (queries.sql): widening the range changes them too.
+  add constraint priority_in_range check (priority between -10 and 10);
 
 -- What the FIFO claims read, in the claim's order: per queue, per priority (highest first), the
--- claimable jobs by when they became claimable. The claim names the queue and the priority
--- (it lists the priorities present with one descent each), so the scan of one (queue,
--- priority) stops at the first job not yet due, as before, and other queues cost it nothing.
+-- claimable jobs by when they became claimable. The claim names the queue and every priority,
+-- so the scan of one (queue, priority) stops at the first job not yet due, as before, and other
+-- queues cost it nothing.
 drop index jobqueue.jobs_claimable;
 create index jobs_claimable on jobqueue.jobs (queue, priority desc, claimable_at, id, kind)
   where status in ('queued', 'running') and attempts < max_attempts;

@@ -112,48 +112,28 @@ select (select id from job), (select pg_notify('jobqueue', '') from job);
 listen jobqueue;
 
 -- Run by Leased.claim as a statement of its own, committed (durably) before any work starts:
--- the first claimable jobs of the worker's kinds, each attempt counted and its lease set in the
--- same statement. A crash from here on cannot undo the count. Reads the jobs_claimable index
--- through the view `claimable`, the one definition of what may be claimed. `id = any(array(
--- ...))` runs the choice once, first, and the update by primary key: a plan that stays the same
--- whatever the table's estimates (with `id in (...)` the planner, misled by exhausted rows it
--- cannot tell apart, re-planned every claim at several times the cost).
+-- the first claimable jobs of the worker's kinds in its queue, highest priority first, then the
+-- oldest; each attempt counted and its lease set in the same statement. A crash from here on
+-- cannot undo the count. Reads the jobs_claimable index (queue, priority desc, claimable_at,
+-- ...) through the view `claimable`, the one definition of what may be claimed. Every priority
+-- is named (the list is the column's whole range, priority_in_range): the index scan takes
+-- them in order, each from its start to its first job not due yet, so jobs scheduled or
+-- backing off cost it nothing, in any priority, and an empty priority costs no more than a
+-- step to the next one present. `id = any(array(...))` runs the choice once, first, and the
+-- update by primary key: a plan that stays the same whatever the table's estimates (with `id
+-- in (...)` the planner, misled by exhausted rows it cannot tell apart, re-planned every claim
+-- at several times the cost). A worker serving one queue (the default) uses this claim; one
+-- serving several, claim_leased_queues.
 -- name: claim_leased
-with recursive levels(queue, priority) as (
-  -- The priorities present in each served queue, highest first: one index descent each.
-  select served.queue,
-         (select j.priority from jobqueue.jobs j
-           where j.queue = served.queue and j.status in ('queued', 'running')
-             and j.attempts < j.max_attempts
-           order by j.priority desc limit 1)
-    from unnest(%(queues)s::text[]) as served(queue)
-  union all
-  select levels.queue,
-         (select j.priority from jobqueue.jobs j
-           where j.queue = levels.queue and j.status in ('queued', 'running')
-             and j.attempts < j.max_attempts and j.priority < levels.priority
-           order by j.priority desc limit 1)
-    from levels
-   where levels.priority is not null
-)
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id = any(array(
-         select job.id
-           from (select distinct priority from levels where priority is not null
-                  order by priority desc) as level
-          cross join lateral (
-                select c.id, c.claimable_at
-                  from unnest(%(queues)s::text[]) as served(queue)
-                 cross join lateral (
-                       select c.id, c.claimable_at from jobqueue.claimable c
-                        where c.queue = served.queue and c.priority = level.priority
-                          and c.kind = any(%(kinds)s::text[])
-                        order by c.claimable_at, c.id limit %(batch)s
-                        for update skip locked) as c
-                 order by c.claimable_at, c.id limit %(batch)s) as job
-          limit %(batch)s))
+ where id = any(array(select id from jobqueue.claimable
+                       where queue = (%(queues)s::text[])[1]
+                         and priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+                         and kind = any(%(kinds)s::text[])
+                       order by priority desc, claimable_at, id limit %(batch)s
+                       for update skip locked))
 returning id, tenant_id, attempts as attempt, kind, payload;
 
 -- Run by Leased.claim with lossy_claim=True, only for a claim that is a transaction of its own:
@@ -161,41 +141,55 @@ returning id, tenant_id, attempts as attempt, kind, payload;
 -- after it can lose the count, and the same attempt number is then handed out twice (the fence
 -- cannot tell those executions apart).
 -- name: claim_leased_lossy
-with recursive levels(queue, priority) as (
-  -- The priorities present in each served queue, highest first: one index descent each.
-  select served.queue,
-         (select j.priority from jobqueue.jobs j
-           where j.queue = served.queue and j.status in ('queued', 'running')
-             and j.attempts < j.max_attempts
-           order by j.priority desc limit 1)
-    from unnest(%(queues)s::text[]) as served(queue)
-  union all
-  select levels.queue,
-         (select j.priority from jobqueue.jobs j
-           where j.queue = levels.queue and j.status in ('queued', 'running')
-             and j.attempts < j.max_attempts and j.priority < levels.priority
-           order by j.priority desc limit 1)
-    from levels
-   where levels.priority is not null
-)
+update jobqueue.jobs
+   set status = 'running', attempts = attempts + 1,
+       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
+  from (select set_config('synchronous_commit', 'off', true)) as lossy
+ where id = any(array(select id from jobqueue.claimable
+                       where queue = (%(queues)s::text[])[1]
+                         and priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+                         and kind = any(%(kinds)s::text[])
+                       order by priority desc, claimable_at, id limit %(batch)s
+                       for update skip locked))
+returning id, tenant_id, attempts as attempt, kind, payload;
+
+-- Run by Leased.claim for a worker that serves several queues: the same claim, one order across
+-- them (priority, then age). Each queue is read as claim_leased reads one (its own index range,
+-- bounded), up to the batch each, then the first of them all are taken. The price of more than
+-- one queue: up to a batch per queue is locked for the statement, and only a batch updated.
+-- name: claim_leased_queues
+update jobqueue.jobs
+   set status = 'running', attempts = attempts + 1,
+       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
+ where id = any(array(
+         select job.id
+           from unnest(%(queues)s::text[]) as served(queue)
+          cross join lateral (
+                select c.id, c.priority, c.claimable_at from jobqueue.claimable c
+                 where c.queue = served.queue and c.priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+                   and c.kind = any(%(kinds)s::text[])
+                 order by c.priority desc, c.claimable_at, c.id limit %(batch)s
+                 for update skip locked) as job
+          order by job.priority desc, job.claimable_at, job.id
+          limit %(batch)s))
+returning id, tenant_id, attempts as attempt, kind, payload;
+
+-- Run by Leased.claim with lossy_claim=True for a worker that serves several queues.
+-- name: claim_leased_queues_lossy
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
   from (select set_config('synchronous_commit', 'off', true)) as lossy
  where id = any(array(
          select job.id
-           from (select distinct priority from levels where priority is not null
-                  order by priority desc) as level
+           from unnest(%(queues)s::text[]) as served(queue)
           cross join lateral (
-                select c.id, c.claimable_at
-                  from unnest(%(queues)s::text[]) as served(queue)
-                 cross join lateral (
-                       select c.id, c.claimable_at from jobqueue.claimable c
-                        where c.queue = served.queue and c.priority = level.priority
-                          and c.kind = any(%(kinds)s::text[])
-                        order by c.claimable_at, c.id limit %(batch)s
-                        for update skip locked) as c
-                 order by c.claimable_at, c.id limit %(batch)s) as job
+                select c.id, c.priority, c.claimable_at from jobqueue.claimable c
+                 where c.queue = served.queue and c.priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+                   and c.kind = any(%(kinds)s::text[])
+                 order by c.priority desc, c.claimable_at, c.id limit %(batch)s
+                 for update skip locked) as job
+          order by job.priority desc, job.claimable_at, job.id
           limit %(batch)s))
 returning id, tenant_id, attempts as attempt, kind, payload;
 
@@ -239,23 +233,7 @@ select count(*) as finished, (select id from run) as run from done;
 -- back with everything else. One row per job claimed (or one with nulls): `finished` = 0 is
 -- fenced out (roll back).
 -- name: complete_if_owner_and_claim
-with recursive levels(queue, priority) as (
-  -- The priorities present in each served queue, highest first: one index descent each.
-  select served.queue,
-         (select j.priority from jobqueue.jobs j
-           where j.queue = served.queue and j.status in ('queued', 'running')
-             and j.attempts < j.max_attempts
-           order by j.priority desc limit 1)
-    from unnest(%(queues)s::text[]) as served(queue)
-  union all
-  select levels.queue,
-         (select j.priority from jobqueue.jobs j
-           where j.queue = levels.queue and j.status in ('queued', 'running')
-             and j.attempts < j.max_attempts and j.priority < levels.priority
-           order by j.priority desc limit 1)
-    from levels
-   where levels.priority is not null
-), done as (
+with done as (
   update jobqueue.jobs set status = 'done', locked_until = null, last_error = null,
                            finished = clock_timestamp()
    where id = %(id)s and attempts = %(attempt)s and status = 'running'
@@ -270,22 +248,12 @@ with recursive levels(queue, priority) as (
   update jobqueue.jobs
      set status = 'running', attempts = attempts + 1,
          locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
-   where id = any(array(
-           select job.id
-             from (select distinct priority from levels where priority is not null
-                  order by priority desc) as level
-            cross join lateral (
-                  select c.id, c.claimable_at
-                    from unnest(%(queues)s::text[]) as served(queue)
-                   cross join lateral (
-                         select c.id, c.claimable_at from jobqueue.claimable c
-                          where c.queue = served.queue and c.priority = level.priority
-                            and c.kind = any(%(kinds)s::text[])
-                            and c.id <> %(id)s
-                          order by c.claimable_at, c.id limit %(batch)s
-                          for update skip locked) as c
-                   order by c.claimable_at, c.id limit %(batch)s) as job
-              limit %(batch)s))
+   where id = any(array(select id from jobqueue.claimable
+                         where queue = (%(queues)s::text[])[1]
+                           and priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+                           and kind = any(%(kinds)s::text[]) and id <> %(id)s
+                         order by priority desc, claimable_at, id limit %(batch)s
+                         for update skip locked))
   returning id, tenant_id, attempts as attempt, kind, payload
 )
 select (select count(*) from done) as finished, (select id from run) as run,
@@ -463,7 +431,7 @@ with recursive tenants as (
    cross join lateral (
          select c.id from jobqueue.claimable c
           where c.tenant_id = turn.tenant_id and c.kind = any(%(kinds)s::text[])
-            and c.queue = any(%(queues)s::text[])
+            and c.queue = any(%(queues)s::text[]) and c.priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
           order by c.priority desc, c.claimable_at, c.id limit 1
           for update skip locked) as job
    limit %(batch)s
@@ -495,23 +463,7 @@ returning id, tenant_id, attempts as attempt, kind, payload;
 -- batch can take several jobs of a tenant below N. It helps only with more workers than N; the
 -- walk passes the busy tenants' claimable jobs (the noisy backlog) before it finds another's.
 -- name: claim_limit
-with recursive levels(queue, priority) as (
-  -- The priorities present in each served queue, highest first: one index descent each.
-  select served.queue,
-         (select j.priority from jobqueue.jobs j
-           where j.queue = served.queue and j.status in ('queued', 'running')
-             and j.attempts < j.max_attempts
-           order by j.priority desc limit 1)
-    from unnest(%(queues)s::text[]) as served(queue)
-  union all
-  select levels.queue,
-         (select j.priority from jobqueue.jobs j
-           where j.queue = levels.queue and j.status in ('queued', 'running')
-             and j.attempts < j.max_attempts and j.priority < levels.priority
-           order by j.priority desc limit 1)
-    from levels
-   where levels.priority is not null
-), busy as (
+with busy as (
   select tenant_id from jobqueue.jobs
    where status = 'running' and locked_until >= clock_timestamp()
    group by tenant_id
@@ -522,18 +474,14 @@ update jobqueue.jobs
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
  where id = any(array(
          select job.id
-           from (select distinct priority from levels where priority is not null
-                  order by priority desc) as level
+           from unnest(%(queues)s::text[]) as served(queue)
           cross join lateral (
-                select c.id, c.claimable_at
-                  from unnest(%(queues)s::text[]) as served(queue)
-                 cross join lateral (
-                       select c.id, c.claimable_at from jobqueue.claimable c
-                        where c.queue = served.queue and c.priority = level.priority
-                          and c.kind = any(%(kinds)s::text[])
-                          and c.tenant_id not in (select tenant_id from busy)
-                        order by c.claimable_at, c.id limit %(batch)s
-                        for update skip locked) as c
-                 order by c.claimable_at, c.id limit %(batch)s) as job
+                select c.id, c.priority, c.claimable_at from jobqueue.claimable c
+                 where c.queue = served.queue and c.priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+                   and c.kind = any(%(kinds)s::text[])
+                   and c.tenant_id not in (select tenant_id from busy)
+                 order by c.priority desc, c.claimable_at, c.id limit %(batch)s
+                 for update skip locked) as job
+          order by job.priority desc, job.claimable_at, job.id
           limit %(batch)s))
 returning id, tenant_id, attempts as attempt, kind, payload;

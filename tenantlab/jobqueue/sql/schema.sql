@@ -42,13 +42,15 @@ create table jobqueue.jobs (
   constraint max_attempts_positive check (max_attempts > 0),
   constraint running_has_lease check (status <> 'running' or locked_until is not null),
   constraint queue_is_named check (queue <> '' and length(queue) <= 200),
-  constraint unique_key_not_empty check (unique_key <> '')
+  constraint unique_key_not_empty check (unique_key <> ''),
+  -- The claims name every priority (queries.sql): widening the range changes them too.
+  constraint priority_in_range check (priority between -10 and 10)
 );
 
 -- What the claim reads, in the claim's order: only jobs a claim could take some day. Finished
 -- jobs and exhausted ones (attempts spent, waiting for the reaper) are not in it. Per queue and
--- priority (the claim names both: it lists the priorities present, one descent each), jobs
--- scheduled or backing off sort after the ready ones, so the claim stops before it reaches them.
+-- priority (the claim names both: every priority, in order), jobs scheduled or backing off sort
+-- after the ready ones, so the claim stops before it reaches them.
 create index jobs_claimable on jobqueue.jobs (queue, priority desc, claimable_at, id, kind)
   where status in ('queued', 'running') and attempts < max_attempts;
 
