@@ -399,13 +399,14 @@ select p.privilege || ' on ' || p.object
 -- columns back, so execute, the fence, the heartbeat and the reaper are unchanged), with
 -- another choice of job from the same view `claimable`. Each is one statement.
 
--- Run by Leased.claim with fair='round-robin': the first claimable job of the tenant served
--- least recently (never served first), one job per tenant for a batch; the tenants' turns are
--- moved in the same statement. Tenants with work are listed by a skip scan over
--- jobs_claimable_by_tenant (one descent each: a tenant's backlog costs nothing), put in turn
--- order, then probed in that order for an unlocked claimable job until the batch is full: only
--- the jobs taken are locked. Guarantee: while a tenant has a claimable job, each other tenant
--- is served at most once before it, plus the claims already in flight (one per other worker).
+-- Run by Leased.claim with fair='round-robin': the first claimable job (highest priority first, in
+-- the worker's queues) of the tenant served least recently (never served first), one job per
+-- tenant for a batch; the tenants' turns are moved in the same statement. Tenants with work
+-- are listed by a skip scan over jobs_claimable_by_tenant (one descent each: a tenant's backlog
+-- costs nothing), put in turn order, then probed in that order for an unlocked claimable job
+-- until the batch is full: only the jobs taken are locked. Guarantee: while a tenant has a
+-- claimable job, each other tenant is served at most once before it, plus the claims already in
+-- flight (one per other worker).
 -- Not given: weights; two workers claiming at the same moment may serve the same tenant; a
 -- long job still holds its worker. Cost: one descent per tenant with work, per claim.
 -- name: claim_round_robin
