@@ -214,6 +214,8 @@ def test_async_enqueue_on_an_async_connection(scratch: db.Scratch) -> None:
             many = await enqueue_many_async(a, [Job("noop", 4), Job("noop", 4, unique_key="u"),
                                                 Job("noop", 4, unique_key="u")])
             again = await enqueue_async(a, "noop", tenant=4, unique_key="u")
+            with pytest.raises(ConfigError, match="await enqueue_async"):
+                enqueue(a, "noop", tenant=4)  # type: ignore[arg-type]
             return one, many, again
     one, many, again = asyncio.run(main())
     assert many[1] == many[2] == again and len({one, *many}) == 3

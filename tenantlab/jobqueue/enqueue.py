@@ -136,6 +136,7 @@ def enqueue(conn: psycopg.Connection, kind: str, *, tenant: TenantId, payload: A
     Only workers that serve its queue and have a handler for its kind claim it; until one runs,
     it waits, queued. ``tenant``: an int, str or UUID (the type chosen at install).
     """
+    _sync(conn, "enqueue")
     query, params = _one(kind, tenant, payload, max_attempts, run_after, queue, priority,
                          unique_key, known)
     for _ in range(UNIQUE_TRIES):
@@ -161,6 +162,12 @@ async def enqueue_async(conn: psycopg.AsyncConnection, kind: str, *, tenant: Ten
             return int(row[0])
     raise JobQueueError(f"unique key {unique_key!r}: no live job and no insert after "
                         f"{UNIQUE_TRIES} tries")
+
+
+def _sync(conn: Any, name: str) -> None:
+    if isinstance(conn, psycopg.AsyncConnection):
+        raise ConfigError(f"{name} takes a psycopg.Connection; for an AsyncConnection, await "
+                          f"{name}_async(conn, ...)")
 
 
 # -- many jobs, one statement ----------------------------------------------------------------
@@ -212,6 +219,7 @@ def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Job | Mapping[str, Any
     unnest(arrays) and one notification for all of them. A job whose unique key is taken (by a
     live job, or by an earlier job of the same call) gets that job's id.
     """
+    _sync(conn, "enqueue_many")
     batch, query, params = _many(jobs, known)
     if not batch:
         return []
