@@ -8,7 +8,9 @@ claim, the next claim riding on the finish's commit, the heartbeat on), ``leased
 (the same, heartbeat every 10 s), ``leased_no_heartbeat`` (``--heartbeat 0``),
 ``leased_batch`` (``--batch 10``), ``leased_batch_commit`` (``--batch 10 --batch-commit``:
 one commit per batch), ``leased_run_one`` (claim, execute, finish: two commits per job) and
-``leased_lossy_claim`` (its claim not flushed); then worker processes side by side
+``leased_lossy_claim`` (its claim not flushed); the routing rows (``leased_priority``,
+``leased_queues``, ``leased_unique``: see ``ROUTING``) and the enqueue rates (``enqueue_one``,
+``enqueue_many``); then worker processes side by side
 (``workers_N``), the claim's cost on top of a history of finished jobs, behind jobs not yet
 due (scheduled for tomorrow, in backoff) and behind exhausted ones the reaper has not reached
 yet, the idle latency from enqueue to start (LISTEN/NOTIFY, and poll only), and with ``--peers``
@@ -35,7 +37,7 @@ from typing import Any
 import psycopg
 
 from . import db, kinds, queue
-from .jobqueue import Leased, Worker, WorkerOptions
+from .jobqueue import Leased, Worker, WorkerOptions, enqueue, enqueue_many
 from .jobqueue.options import Parser, count, number
 from .queries import q
 from .validate import output_file
@@ -146,6 +148,59 @@ def cpu_seconds() -> float:
     """Return the CPU time of this process (all its threads) and of its ended children."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return time.process_time() + children.ru_utime + children.ru_stime
+
+
+#: Routing (issue 23): the ``leased`` loop on jobs that use what routing adds, each against
+#: ``leased`` in the same round (``ratios``: ``<row>_vs_leased``, 1.0 = costs nothing): four
+#: priorities; two queues served by one worker; a unique key on every job. The jobs are queued
+#: by ``jobqueue.enqueue_many``, whose rate (one statement, ``enqueue_many``) is measured next
+#: to one ``enqueue`` per job in one transaction (``enqueue_one``).
+ROUTING: dict[str, tuple[WorkerOptions, Callable[[int], dict[str, Any]]]] = {
+    "leased_priority": (LOOPS["leased"], lambda i: {"priority": i % 4}),
+    "leased_queues": (replace(LOOPS["leased"], queues="default,other"),
+                      lambda i: {"queue": "other" if i % 2 else "default"}),
+    "leased_unique": (LOOPS["leased"], lambda i: {"unique_key": f"bench-{i}"}),
+}
+ENQUEUE_MANY = 20_000
+
+
+def drain_routing(s: db.Scratch, name: str, jobs: int) -> float:
+    """Queue `jobs` no-op jobs shaped by the routing row `name`, run them all; return jobs/s."""
+    options, shape = ROUTING[name]
+    _reset(s)
+    with s.connect("worker", "bench enqueue", autocommit=True) as conn:
+        enqueue_many(conn, [dict(kind="noop", tenant=1 + i % 100, payload={"seconds": 0.0},
+                                 **shape(i)) for i in range(jobs)])
+    started = time.perf_counter()
+    done = Worker(s.worker, replace(options, name=f"bench-{name}"), kinds.handlers).run()
+    elapsed = time.perf_counter() - started
+    if done != jobs:
+        raise RuntimeError(f"bench {name}: ran {done} of {jobs} jobs")
+    return jobs / elapsed
+
+
+def enqueue_rates(s: db.Scratch, jobs: int) -> dict[str, float]:
+    """Return jobs/s queued by ``enqueue_many`` (one statement) and by one ``enqueue`` per job."""
+    _reset(s)
+    many = max(jobs, ENQUEUE_MANY)
+    with s.connect("worker", "bench enqueue many", autocommit=True) as conn:
+        batch = [{"kind": "noop", "tenant": 1 + i % 100, "payload": {"i": i}} for i in range(many)]
+        started = time.perf_counter()
+        enqueue_many(conn, batch)
+        rate_many = many / (time.perf_counter() - started)
+        started = time.perf_counter()
+        with conn.transaction():
+            for i in range(jobs):
+                enqueue(conn, "noop", tenant=1 + i % 100, payload={"i": i})
+        rate_one = jobs / (time.perf_counter() - started)
+    return {"enqueue_many": rate_many, "enqueue_one": rate_one}
+
+
+def _routing_ratios(jps: dict[str, float]) -> dict[str, float]:
+    out = {f"{name}_vs_leased": jps[name] / jps["leased"] for name in ROUTING if name in jps}
+    if "enqueue_many" in jps and "enqueue_one" in jps:
+        out["enqueue_many_vs_one"] = jps["enqueue_many"] / jps["enqueue_one"]
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 #: What may sit in front of the ready jobs (lower ids) without being claimable: the fill query
@@ -270,8 +325,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         peer_notes, peer_docs = bench_peers.DURABILITY, bench_peers.DOCS
     with db.scratch("bench") as s:
         drain(s, "single", min(jobs, 200))  # warm up: caches, plans, the first connection
-        names = ["select1", "commit1", *DESIGNS, *LOOPS, *peer_names,
-                 *(f"workers_{w}" for w in counts)]
+        names = ["select1", "commit1", *DESIGNS, *LOOPS, *ROUTING, "enqueue_one", "enqueue_many",
+                 *peer_names, *(f"workers_{w}" for w in counts)]
         runs: dict[str, list[float]] = {name: [] for name in names}
         flushes: dict[str, list[float]] = {}
         cpu: dict[str, list[float]] = {}
@@ -300,6 +355,11 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
             measure("commit1", loops, commit1, s, loops)
             for name in [*DESIGNS, *LOOPS]:
                 measure(name, jobs, drain, s, name, jobs)
+            for name in ROUTING:
+                measure(name, jobs, drain_routing, s, name, jobs)
+            for name, rate in enqueue_rates(s, jobs).items():
+                runs[name].append(rate)
+                say(name, rate)
             for name in peer_names:
                 measure(name, jobs, bench_peers.drain, name, jobs)
             for w in counts:
@@ -343,7 +403,7 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         "scaling": scaling,
         # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
         "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
-        "ratios": _ratios(jps, hist, history, not_due, spent),
+        "ratios": {**_ratios(jps, hist, history, not_due, spent), **_routing_ratios(jps)},
         # WAL flushes per job (per commit for commit1), median over the rounds, counted
         # server-wide (pg_stat_wal): what each row's durability costs, as measured
         "wal_flushes_per_job": {k: round(statistics.median(v), 3) for k, v in flushes.items()},

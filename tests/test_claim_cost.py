@@ -54,6 +54,8 @@ def _claim() -> tuple[str, dict[str, Any]]:
     params: dict[str, Any] = {"lease": 30.0, "batch": 1}
     if "%(kinds)s" in sql:  # the kind filter: a worker claims only what it has handlers for
         params["kinds"] = ["noop"]
+    if "%(queues)s" in sql:  # the queues a worker serves
+        params["queues"] = ["default"]
     return sql, params
 
 

@@ -96,7 +96,8 @@ def test_the_readme_is_inside_the_package_with_its_migrations(tmp_path: Path) ->
     text = " ".join(readme.split())
     for needed in ("python -m shop migrate --dsn", "--tenant-type", "uuid",
                    "grant usage on schema jobqueue to app_worker;",
-                   "grant insert, select (id) on jobqueue.jobs to app;", "pg_notify",
+                   "grant insert, select (id, unique_key, status) on jobqueue.jobs to app;",
+                   "pg_notify",
                    "owns the schema", "a second one stops it at once", "`2` bad configuration",
                    "every third of the lease", "from its first write until its finish commits",
                    "claims only the kinds it has handlers for"):

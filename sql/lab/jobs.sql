@@ -22,6 +22,8 @@ grant select on jobqueue.migrations to tenantlab_worker;
 grant select, insert, update on tenant_turns to tenantlab_worker;
 -- Workers say they are alive, and which kinds they serve (`stats`: kinds without a worker).
 grant select, insert, update, delete on jobqueue.workers to tenantlab_worker;
+-- Periodic jobs move their schedule's last slot (jobqueue.periodic).
+grant select, insert, update on jobqueue.periodic to tenantlab_worker;
 
 -- What a demo job wrote in its own transaction (payload `"write": true`): a handler that writes
 -- takes a transaction id at that write and holds it until its finish commits (findings vacuum,

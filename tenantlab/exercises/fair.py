@@ -79,7 +79,8 @@ def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
             held = []
             for conn in workers:
                 what = f"claim {len(order) + 1}"
-                params = {"lease": 30, "kinds": ["count"], "batch": 1, "limit": 1}
+                params = {"lease": 30, "kinds": ["count"], "batch": 1, "limit": 1,
+                          "queues": ["default"]}
                 took = claimed(run_answer(conn, answer, params, what), what)
                 jobs.only({j for j, _ in took}, what)
                 for job, attempt in took:

@@ -57,7 +57,7 @@ def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
     with s.connect("admin", "exercise overrun", autocommit=True) as admin:
         jobs = fill_queue(admin, ((1, "count", 1),))
         with worker(s, "overrun A") as a, worker(s, "overrun B") as b:
-            claim = {"lease": LEASE, "kinds": ["count"], "batch": 1}
+            claim = {"lease": LEASE, "kinds": ["count"], "batch": 1, "queues": ["default"]}
             (_, attempt_a), = claimed(a.execute(q("claim_leased"), claim), "A's claim")
             time.sleep(LEASE + 0.05)  # A works past its lease
             (_, attempt_b), = claimed(b.execute(q("claim_leased"), claim), "B's claim")

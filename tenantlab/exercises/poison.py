@@ -66,7 +66,8 @@ def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
                 m["fetches"] = fetch
                 what = f"fetch {fetch}'s claim"
                 took = claim_within_budget(conn, answer, {"lease": 30, "kinds": ["fail", "count"],
-                                                          "batch": 1}, what)
+                                                          "batch": 1, "queues": ["default"]},
+                                           what)
                 if took is None:
                     m["refused"] = fetch
                     break

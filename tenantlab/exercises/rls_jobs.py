@@ -92,7 +92,7 @@ def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
     with worker(s, "rls-jobs") as conn:
         visible = int(db.scalar(conn, q("count_jobs")))
         for _ in range(JOBS + 2):
-            params = {"lease": 30, "kinds": ["count"], "batch": 1}
+            params = {"lease": 30, "kinds": ["count"], "batch": 1, "queues": ["default"]}
             row = conn.execute(q("claim_leased"), params).fetchone()
             if row is None:
                 break

@@ -143,7 +143,8 @@ def _probe(mode: str) -> int:
             conn.execute(production_q("listen"))
         else:
             row = conn.execute(production_q("claim_leased"), {
-                "lease": 600, "batch": 1, "kinds": sorted(kinds.handlers)}).fetchone()
+                "lease": 600, "batch": 1, "kinds": sorted(kinds.handlers),
+                "queues": ["default"]}).fetchone()
             if row is None:
                 print("error no job to claim", flush=True)
                 return 1

@@ -253,11 +253,12 @@ def plans(burst: int = 2000, small_jobs: int = 2, limit: int = 1) -> dict[str, s
                 if name == "claim_limit":
                     for _ in range(limit):
                         conn.execute(q("claim_leased"), {"lease": 30, "batch": 1,
-                                                         "kinds": ["noop"]})
+                                                         "kinds": ["noop"],
+                                                         "queues": ["default"]})
                 # A fixed prefix composed with the named query: no value is formatted into SQL.
                 explain = sql.SQL("explain (analyze, costs off, timing off, summary off) ")
                 rows = conn.execute(explain + sql.SQL(q(name)),  # type: ignore[arg-type]
-                                    {"lease": 30, "batch": 1, "kinds": ["noop"],
+                                    {"lease": 30, "batch": 1, "kinds": ["noop"], "queues": ["default"],
                                      **params}).fetchall()
             out[name] = "\n".join(r[0] for r in rows)
     return out

@@ -8,6 +8,8 @@ The operator's commands (ops.py): ``stats``, ``jobs [--status S] [--kind K] [--t
 ``show ID``, ``retry ID`` / ``retry --dead [--kind K]``, ``cancel ID``; ``--json`` on each.
 Logs: failures at WARNING with their traceback, dead jobs at ERROR; ``-v`` adds a line per
 job; ``--log-format json`` writes one JSON object per line (logs.py).
+``migrate`` (alias ``schema``) applies the queue's migrations, as the role that owns the schema;
+``enqueue KIND --tenant T`` queues one job and prints its id.
 The DSN may come from ``JOBQUEUE_DSN`` instead of the command line (where ``ps`` would show its
 password).
 
@@ -36,17 +38,20 @@ import psycopg
 
 from . import logs, migrations, ops
 from . import worker as w
+from .enqueue import enqueue
 from .handlers import Handlers
 from .handlers import handlers as default_handlers
-from .jobs import ConfigError, JobQueueError
+from .jobs import ConfigError, JobQueueError, UnknownKind
 from .options import Parser, WorkerOptions, add_flags, count, from_args, seconds
+from .periodic import Schedules
+from .periodic import schedules as default_schedules
 from .preflight import check_dsn, connect, connect_checked, diagnose, one_line, preflight, refused_login
 from .reaper import Reaper, ReaperConfig, prune
 
 PROG = f"python -m {__package__}"
 DSN_ENV = "JOBQUEUE_DSN"
 OPS = ("stats", "jobs", "show", "retry", "cancel")
-COMMANDS = ("worker", "reap", "prune", "migrate", "schema", *OPS)
+COMMANDS = ("worker", "reap", "prune", "migrate", "schema", "enqueue", *OPS)
 DEBUG = "--debug"
 LOG_FORMAT = "--log-format"
 
@@ -83,6 +88,13 @@ def load_handlers(spec: str | None) -> Handlers:
         return Handlers(found)
     raise ConfigError(f"{spec} is a {type(found).__name__}, not a Handlers or a mapping "
                       "from kind to function")
+
+
+def load_schedules(spec: str | None) -> Schedules:
+    """Return the periodic jobs the handlers module declared: its ``schedules``, or the default."""
+    module = sys.modules.get((spec or "").partition(":")[0]) if spec else None
+    found = getattr(module, "schedules", None)
+    return found if isinstance(found, Schedules) else default_schedules
 
 
 def parser() -> argparse.ArgumentParser:
@@ -125,7 +137,53 @@ def parser() -> argparse.ArgumentParser:
                          "(default: bigint; later runs keep the installed type)")
     mi.set_defaults(func=cmd_migrate)
     add_ops_commands(sub, dsn)
+    add_enqueue(sub, dsn)
     return p
+
+
+def add_enqueue(sub: Any, dsn: dict[str, Any]) -> None:
+    """The ``enqueue`` command: one job, its id printed."""
+    en = sub.add_parser("enqueue", help="queue one job and print its id")
+    en.add_argument("kind", help="the job's kind")
+    en.add_argument("--dsn", **dsn)
+    en.add_argument("--tenant", required=True, help="the tenant's id (the installed type)")
+    en.add_argument("--payload", type=json_object, default=None, metavar="JSON",
+                    help="the job's payload, a JSON document (default: {})")
+    en.add_argument("--queue", default="default", help="the queue (default: %(default)s)")
+    en.add_argument("--priority", type=int, default=0,
+                    help="higher runs first (default: 0; -10..10)")
+    en.add_argument("--unique-key", default=None, metavar="KEY",
+                    help="while a job with KEY is queued or running, print its id instead")
+    en.add_argument("--run-after", type=seconds("run-after", zero=True), default=None,
+                    metavar="S", help="seconds from now before a worker may take it")
+    en.add_argument("--max-attempts", type=count("max-attempts", most=2_000_000_000), default=3,
+                    help="attempts before the job is dead (default: %(default)s)")
+    en.add_argument("--handlers", metavar="MODULE[:ATTR]", default=None,
+                    help="refuse a kind that MODULE has no handler for")
+    en.add_argument("--json", action="store_true", help='print {"id": N} as JSON')
+    en.set_defaults(func=cmd_enqueue)
+
+
+def json_object(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"payload must be JSON, not {text!r} ({e})") from None
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    """Queue one job (its own transaction); print its id."""
+    known = load_handlers(args.handlers) if args.handlers else None
+    tenant: int | str = int(args.tenant) if args.tenant.lstrip("-").isdigit() else args.tenant
+    with connect_checked(args.dsn, "enqueue") as conn:
+        try:
+            job = enqueue(conn, args.kind, tenant=tenant, payload=args.payload,
+                          queue=args.queue, priority=args.priority, unique_key=args.unique_key,
+                          run_after=args.run_after, max_attempts=args.max_attempts, known=known)
+        except UnknownKind as e:
+            raise ConfigError(str(e)) from e
+    print(json.dumps({"id": job}) if args.json else job)
+    return 0
 
 
 # -- the operator's commands (ops.py) -------------------------------------------------------------
@@ -298,7 +356,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     options = from_args(WorkerOptions, args)
     # Its run() refuses to start without handlers, then runs the preflight.
-    worker = w.Worker(args.dsn, options, load_handlers(args.handlers))
+    worker = w.Worker(args.dsn, options, load_handlers(args.handlers),
+                      schedules=load_schedules(args.handlers))
     w.stop_on_signals(worker)
     worker.run()
     return w.EXIT_STOPPED

@@ -65,13 +65,14 @@ superuser, no BYPASSRLS, so your row-level security applies to its handlers' wri
     grant select on jobqueue.migrations to app_worker;  -- the version check at start
     grant select, insert, update on jobqueue.tenant_turns to app_worker;  -- --fair round-robin
     grant select, insert, update, delete on jobqueue.workers to app_worker;  -- who runs, what
+    grant select, insert, update on jobqueue.periodic to app_worker;  -- periodic jobs
     alter role app_worker set idle_in_transaction_session_timeout = '5min';
     alter role app_worker set statement_timeout = '10min';
 
 The role that enqueues (your application's):
 
     grant usage on schema jobqueue to app;
-    grant insert, select (id) on jobqueue.jobs to app;  -- insert ... returning id
+    grant insert, select (id, unique_key, status) on jobqueue.jobs to app;  -- returning id; unique keys
 
 `enqueue` also notifies the idle workers (`pg_notify('jobqueue', '')`, sent when the caller's
 transaction commits): that needs no grant, `pg_notify` is executable by every role unless you
@@ -90,7 +91,7 @@ become.
 ## 3. Register handlers and queue jobs
 
     # myapp/jobs.py
-    from {name} import handlers, enqueue
+    from {name} import handlers, enqueue, enqueue_many, Job
 
     @handlers.register("send_invoice")
     def send_invoice(conn, job):
@@ -110,7 +111,36 @@ writing part short, and do the slow part (an API call, a render) before the firs
 
 A worker claims only the kinds it has handlers for: a job of a kind no running worker knows
 stays queued (not failed, not dead) until a worker that has it starts, so a rolling deploy that
-adds a kind loses nothing. A worker without handlers refuses to start (exit 2).
+adds a kind loses nothing. A worker without handlers refuses to start (exit 2). To refuse an
+unknown kind when queueing instead, pass `known=handlers` (raises `UnknownKind`, naming the
+kinds it knows).
+
+Routing (all optional; the defaults are one queue, FIFO):
+
+    enqueue(conn, "report", tenant=42, queue="slow", priority=5, unique_key="report-42",
+            run_after=60)                      # seconds, a timedelta or a datetime
+    enqueue_many(conn, [Job("send_invoice", 42, {{"invoice": i}}) for i in range(10_000)])
+    await enqueue_async(aconn, ...)            # and enqueue_many_async: psycopg.AsyncConnection
+
+- `queue`: a worker serves `--queues default` unless given a list (`--queues slow,default`), so
+  a queue is how to keep a slow kind off the workers that serve everything else;
+- `priority` (-10..10, default 0): higher first, then the oldest, across the queues a
+  worker serves; the fair claims keep it within a tenant;
+- `unique_key`: while a job with the key is queued or running, enqueueing it again returns
+  that job's id (race-free: a partial unique index decides);
+- `enqueue_many`: one statement for thousands of jobs, their ids back in order;
+- `python -m {name} enqueue KIND --tenant T [--payload JSON] [--queue Q] [--priority P]
+  [--unique-key K] [--run-after S] [--handlers MODULE] [--json]` prints the id.
+
+Periodic jobs, declared in the handlers module; every worker that loads it enqueues each slot
+once, whatever their number (the slot is moved forward in `jobqueue.periodic` by the statement
+that inserts the job):
+
+    from {name} import schedules
+    schedules.add("nightly", "report", tenant=42, cron="0 3 * * *")   # UTC, 5 fields
+    schedules.add("sync", "sync", tenant=42, every=300, queue="slow")
+
+A new schedule starts at its next slot; after downtime only the latest missed slot runs.
 
 ## 4. Run workers
 

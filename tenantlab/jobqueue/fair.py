@@ -5,6 +5,8 @@ front of every other tenant's next job (the noisy neighbour). A fair policy chan
 job the claim takes; the claim stays one statement that counts the attempt and sets the lease,
 so the fence, the heartbeat and the reaper work as before (queries ``claim_round_robin`` and
 ``claim_limit`` in ``sql/queries.sql``, which state each guarantee and what it does not give).
+Both serve the worker's queues only, and keep priorities within a tenant: round-robin takes the
+tenant's highest-priority job first, limit=N the highest-priority job of the tenants below N.
 
 - ``round-robin``: the oldest job of the tenant served least recently. A small tenant's job
   waits about one round of the tenants with work, whatever the burst in front of it.

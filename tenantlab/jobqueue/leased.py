@@ -30,17 +30,17 @@ Extension points (the lab uses them, a subclass may too): ``claim_query``, ``sta
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg.rows import class_row
-from psycopg.types.json import Jsonb
 
 from . import logs
+from .enqueue import DEFAULT_QUEUE, parse_queues
+from .enqueue import enqueue as enqueue
 from .fair import Fair
 from .fair import fair as as_fair
 from .handlers import Handler, Handlers
@@ -53,8 +53,6 @@ from .jobs import (
     LeaseLost,
     NullEvents,
     Outcome,
-    TenantId,
-    check_tenant,
     error_detail,
 )
 from .queries import q
@@ -80,6 +78,8 @@ class Leased:
     right after a claim can lose its count, and the same attempt number is then handed out
     twice (off by default). ``fair``: a fair claim policy (fair.py) instead of the oldest first.
     ``chain_claims``: claim the next jobs in the finish's commit (False: always on their own).
+    ``queues``: the queues this worker serves (default: ``'default'`` only); across them the
+    highest priority first, then the oldest claimable.
     """
 
     name = "leased"
@@ -88,7 +88,8 @@ class Leased:
     def __init__(self, handlers: Handlers | dict[str, Handler] | None = None, *,
                  lease: float = 30.0, backoff: float = 1.0, backoff_cap: float = 300.0,
                  heartbeat: float | str | None = AUTO, max_runtime: float | None = None,
-                 lossy_claim: bool = False, fair: Fair | str | None = None) -> None:
+                 lossy_claim: bool = False, fair: Fair | str | None = None,
+                 queues: Iterable[str] | str = (DEFAULT_QUEUE,)) -> None:
         if not lease > 0 or lease == float("inf"):
             raise ConfigError(f"lease must be a positive number of seconds, not {lease!r}")
         if backoff < 0 or backoff_cap < 0:
@@ -109,11 +110,14 @@ class Leased:
         #: The worker's ``jobqueue.workers`` row, which the heartbeat refreshes during long jobs
         #: (set by Worker).
         self.presence: Presence | None = None
+        #: The queues this worker serves, each once, in the order given.
+        self.queues = parse_queues(queues)
 
     def __repr__(self) -> str:
         extra = f", heartbeat={self.beat.interval:g}, max_runtime={self.beat.max_runtime}" \
             if self.beat else ", heartbeat=None"
         extra += f", fair={str(self.fair)!r}" if self.fair else ""
+        extra += f", queues={list(self.queues)}" if self.queues != (DEFAULT_QUEUE,) else ""
         return f"Leased(lease={self.lease:g}, backoff={self.backoff:g}{extra})"
 
     def kinds(self) -> list[str]:
@@ -128,11 +132,13 @@ class Leased:
         ``chained``: the claim travels with a finish (or in a batch's transaction), whose commit
         is durable; lossy applies only to a claim that is a transaction of its own.
         """
-        params: dict[str, Any] = {"lease": self.lease, "batch": n, "kinds": self.kinds()}
+        params: dict[str, Any] = {"lease": self.lease, "batch": n, "kinds": self.kinds(),
+                                  "queues": list(self.queues)}
         if self.fair:
             return q(self.fair.query), params | self.fair.params
         lossy = self.lossy_claim and not chained
-        return q("claim_leased_lossy" if lossy else "claim_leased"), params
+        name = "claim_leased" if len(self.queues) == 1 else "claim_leased_queues"
+        return q(name + "_lossy" if lossy else name), params
 
     def start_query(self, claim: Claim) -> tuple[str, dict[str, Any]]:
         """Return the start: the tenant set locally, if this attempt still owns a live lease.
@@ -438,28 +444,6 @@ def broken(conn: psycopg.Connection) -> bool:
     is still fine).
     """
     return bool(conn.closed or conn.broken)
-
-
-def enqueue(conn: psycopg.Connection, kind: str, *, tenant: TenantId, payload: Any = None,
-            max_attempts: int = 3, run_after: Any = None) -> int:
-    """Queue one job of any kind for `tenant`; return its id. Runs in the caller's transaction.
-
-    Only workers with a handler for the kind claim it; until one runs, it waits, queued.
-    ``tenant``: an int, str or UUID (the type chosen at install). ``payload``: anything JSON
-    can hold. ``run_after``: a datetime before which no worker takes it.
-    """
-    check_tenant(tenant)
-    if not isinstance(kind, str) or not kind:
-        raise ConfigError(f"a job kind must be a non-empty string, not {kind!r}")
-    if max_attempts < 1:
-        raise ConfigError(f"max_attempts must be at least 1, not {max_attempts}")
-    json.dumps(payload)  # refuse what cannot be stored, here rather than in the worker
-    row = conn.execute(q("enqueue"), {
-        "tenant": tenant, "kind": kind, "payload": Jsonb(payload if payload is not None else {}),
-        "max_attempts": max_attempts, "run_after": run_after,
-    }).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def _name(conn: psycopg.Connection) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from .enqueue import parse_queues
 from .fair import Fair
 from .fair import flag as fair_flag
 from .heartbeat import AUTO, check, interval_for
@@ -58,6 +59,14 @@ def count(what: str, *, most: int | None = None) -> Callable[[str], Any]:
     return number(int, what, most=most)
 
 
+def queues_flag(text: str) -> str:
+    """Parse ``--queues a,b`` for argparse: the queues, each once, comma-separated."""
+    try:
+        return ",".join(parse_queues(text))
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def option(default: Any, help: str, *, parse: Callable[[str], Any] | None = None,
            flag: str | None = None, choices: list[str] | None = None) -> Any:
     """Declare one option: its default, its help line, how its flag's value is parsed."""
@@ -100,6 +109,9 @@ class WorkerOptions:
     max_jobs: int | None = option(None, "stop after N claims", parse=count("max-jobs"))
     until_empty: bool = option(False, "stop when the queue is empty")
     name: str | None = option(None, "worker name in job_runs and the log")
+    queues: str = option(
+        "default", "serve these queues, comma-separated (default: 'default' only: a job put in "
+                   "another queue runs only on the workers that name it)", parse=queues_flag)
     fair: str | None = option(
         None, "claim fairly across tenants: round-robin (the oldest job of the tenant served "
               "least recently) or limit=N (skip tenants already running N jobs); default FIFO",
@@ -126,6 +138,9 @@ class WorkerOptions:
             if self.lossy_claim:
                 raise ConfigError("lossy-claim has no fair variant: use one or the other")
         check(self.lease, interval_for(self.lease, self.heartbeat_setting()), self.max_runtime)
+        if not isinstance(self.queues, str):
+            self.queues = ",".join(self.queues)  # a list of queues, as the flag writes it
+        self.queues = ",".join(parse_queues(self.queues))
 
     def heartbeat_setting(self) -> float | str | None:
         """Return the heartbeat as ``Leased`` takes it: AUTO (the default), seconds, or None (off)."""

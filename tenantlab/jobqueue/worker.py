@@ -35,6 +35,8 @@ from .heartbeat import Presence
 from .jobs import Claim, ConfigError, Events, JobQueueError, NullEvents, Outcome, error_text
 from .leased import Leased, broken
 from .options import WorkerOptions
+from .periodic import Periodic, Schedules
+from .periodic import schedules as default_schedules
 from .preflight import connect, diagnose, preflight, refused_login
 from .queries import q
 
@@ -99,7 +101,7 @@ class Worker:
 
     def __init__(self, dsn: str, options: WorkerOptions | None = None,
                  handlers: Handlers | None = None, *, queue: Queue | None = None,
-                 events: Events | None = None) -> None:
+                 events: Events | None = None, schedules: Schedules | None = None) -> None:
         self.dsn = dsn
         self.options = o = options or WorkerOptions()
         self.name = o.name or f"worker-{os.getpid()}"
@@ -107,7 +109,7 @@ class Worker:
         self.queue = queue or Leased(handlers, lease=o.lease, backoff=o.backoff,
                                      heartbeat=o.heartbeat_setting(),
                                      max_runtime=o.max_runtime, lossy_claim=o.lossy_claim,
-                                     fair=o.fair)
+                                     fair=o.fair, queues=o.queues)
         self.stopping = False
         self.claimed = 0
         self.outage = Outage(self.name, o.max_outage, sleep=self._sleep)
@@ -119,6 +121,10 @@ class Worker:
                                                                        2 * o.lease))
             if isinstance(self.queue, Leased):
                 self.queue.presence = self.presence
+        #: The periodic jobs this worker enqueues as their slots come (periodic.py); default:
+        #: the package's ``schedules`` registry.
+        self.schedules = default_schedules if schedules is None else schedules
+        self.periodic = Periodic(self.schedules)
 
     def stop(self, signum: int | None = None, frame: object = None) -> None:
         """Finish the current job, then stop; a second call stops at once."""
@@ -178,6 +184,8 @@ class Worker:
             if presence is not None and presence.due():
                 presence.touch(conn)
             try:
+                if len(self.schedules):
+                    self.periodic.tick(conn)  # a clock comparison unless a slot has come
                 outcomes = self._one_round(conn, pending)
             except psycopg.Error as e:
                 if broken(conn) or isinstance(e, psycopg.errors.ReadOnlySqlTransaction):

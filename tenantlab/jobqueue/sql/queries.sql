@@ -9,31 +9,130 @@
 -- `jobqueue`.
 -- name: enqueue
 with job as (
-  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after)
+  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after, queue, priority)
   values (%(tenant)s, %(kind)s, %(payload)s, %(max_attempts)s,
-          coalesce(%(run_after)s::timestamptz, clock_timestamp()))
+          coalesce(%(run_after)s::timestamptz,
+                   clock_timestamp() + coalesce(%(delay)s::float8, 0) * interval '1 second'),
+          %(queue)s, %(priority)s)
   returning id
 )
 select id, pg_notify('jobqueue', '') from job;
+
+-- Run by jobqueue.enqueue with a unique key: the job, unless a live (queued or running) job has
+-- the key; then that job's id. The partial unique index jobs_unique_key decides: an enqueue
+-- of the same key by a transaction not committed yet is waited for. No row back: the job
+-- that held the key finished, or the one that took it committed, while this ran (this
+-- statement's snapshot sees neither): the caller runs it again.
+-- name: enqueue_unique
+with job as (
+  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after, queue, priority,
+                             unique_key)
+  values (%(tenant)s, %(kind)s, %(payload)s, %(max_attempts)s,
+          coalesce(%(run_after)s::timestamptz,
+                   clock_timestamp() + coalesce(%(delay)s::float8, 0) * interval '1 second'),
+          %(queue)s, %(priority)s, %(unique_key)s)
+  on conflict (unique_key) where unique_key is not null and status in ('queued', 'running')
+  do nothing
+  returning id
+)
+select id, pg_notify('jobqueue', '') from job
+union all
+select id, null from jobqueue.jobs
+ where unique_key = %(unique_key)s and status in ('queued', 'running')
+   and not exists (select from job);
+
+-- Run by jobqueue.enqueue_many: many jobs in one statement, from one JSON array (keys: t tenant,
+-- k kind, p payload, m max_attempts, q queue, r priority, u unique_key, a run_after, d delay in
+-- seconds; a key left out takes the column's default), one notification. The tenant is cast
+-- from text to the installed tenant type. Ids come back in the array's order (the order the
+-- rows are inserted in).
+-- name: enqueue_many
+with job as (
+  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after, queue, priority)
+  select j.t::jobqueue.tenant_id, j.k, coalesce(j.p, '{}'), coalesce(j.m, 3),
+         coalesce(j.a, clock_timestamp() + coalesce(j.d, 0) * interval '1 second'),
+         coalesce(j.q, 'default'), coalesce(j.r, 0)
+    from json_to_recordset(%(jobs)s::json)
+         as j(t text, k text, p jsonb, m int, q text, r smallint, u text, a timestamptz,
+              d float8)
+  returning id
+), notified as (
+  select pg_notify('jobqueue', '')
+)
+select job.id, null::text from job, notified;
+
+-- Run by jobqueue.enqueue_many when a job has a unique key: the same insert, skipping each
+-- job whose key a live job (or an earlier job of the same call) holds. Returns the rows
+-- inserted with their keys; the caller looks the skipped keys up (unique_ids).
+-- name: enqueue_many_unique
+with job as (
+  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, run_after, queue, priority,
+                             unique_key)
+  select j.t::jobqueue.tenant_id, j.k, coalesce(j.p, '{}'), coalesce(j.m, 3),
+         coalesce(j.a, clock_timestamp() + coalesce(j.d, 0) * interval '1 second'),
+         coalesce(j.q, 'default'), coalesce(j.r, 0), j.u
+    from json_to_recordset(%(jobs)s::json)
+         as j(t text, k text, p jsonb, m int, q text, r smallint, u text, a timestamptz,
+              d float8)
+  on conflict (unique_key) where unique_key is not null and status in ('queued', 'running')
+  do nothing
+  returning id, unique_key
+), notified as (
+  select pg_notify('jobqueue', '')
+)
+select job.id, job.unique_key from job, notified;
+
+-- Run by jobqueue.enqueue_many after enqueue_many_unique: the live jobs holding these keys.
+-- name: unique_ids
+select id, unique_key from jobqueue.jobs
+ where unique_key = any(%(keys)s::text[]) and status in ('queued', 'running');
+
+-- Run by a worker's periodic check (periodic.py) when a schedule's slot has come: the job of
+-- that slot, only if this statement moves the schedule's last slot forward. Two workers at
+-- once: the second waits for the first's row, then sees the slot taken (no job). A slot older
+-- than the last one (a late worker) moves nothing. A schedule seen for the first time records
+-- its slot and enqueues nothing: it starts at its next slot. Returns the job's id (null: none).
+-- name: periodic_enqueue
+with moved as (
+  insert into jobqueue.periodic as p (name, last_slot) values (%(name)s, %(slot)s)
+  on conflict (name) do update set last_slot = excluded.last_slot
+   where p.last_slot < excluded.last_slot
+  returning (xmax <> 0) as was_there
+), job as (
+  insert into jobqueue.jobs (tenant_id, kind, payload, max_attempts, queue, priority, unique_key)
+  select %(tenant)s::text::jobqueue.tenant_id, %(kind)s, %(payload)s, %(max_attempts)s,
+         %(queue)s, %(priority)s, %(unique_key)s
+    from moved where moved.was_there
+  returning id
+)
+select (select id from job), (select pg_notify('jobqueue', '') from job);
 
 -- Run by an idle worker on its own connection: wake on every enqueue (the poll is the fallback).
 -- name: listen
 listen jobqueue;
 
 -- Run by Leased.claim as a statement of its own, committed (durably) before any work starts:
--- the first claimable jobs of the worker's kinds, each attempt counted and its lease set in the
--- same statement. A crash from here on cannot undo the count. Reads the jobs_claimable index
--- through the view `claimable`, the one definition of what may be claimed. `id = any(array(
--- ...))` runs the choice once, first, and the update by primary key: a plan that stays the same
--- whatever the table's estimates (with `id in (...)` the planner, misled by exhausted rows it
--- cannot tell apart, re-planned every claim at several times the cost).
+-- the first claimable jobs of the worker's kinds in its queue, highest priority first, then the
+-- oldest; each attempt counted and its lease set in the same statement. A crash from here on
+-- cannot undo the count. Reads the jobs_claimable index (queue, priority desc, claimable_at,
+-- ...) through the view `claimable`, the one definition of what may be claimed. Every priority
+-- is named (the list is the column's whole range, priority_in_range): the index scan takes
+-- them in order, each from its start to its first job not due yet, so jobs scheduled or
+-- backing off cost it nothing, in any priority, and an empty priority costs no more than a
+-- step to the next one present. `id = any(array(...))` runs the choice once, first, and the
+-- update by primary key: a plan that stays the same whatever the table's estimates (with `id
+-- in (...)` the planner, misled by exhausted rows it cannot tell apart, re-planned every claim
+-- at several times the cost). A worker serving one queue (the default) uses this claim; one
+-- serving several, claim_leased_queues.
 -- name: claim_leased
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
  where id = any(array(select id from jobqueue.claimable
-                       where kind = any(%(kinds)s::text[])
-                       order by claimable_at, id limit %(batch)s
+                       where queue = (%(queues)s::text[])[1]
+                         and priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+                         and kind = any(%(kinds)s::text[])
+                       order by priority desc, claimable_at, id limit %(batch)s
                        for update skip locked))
 returning id, tenant_id, attempts as attempt, kind, payload;
 
@@ -47,9 +146,51 @@ update jobqueue.jobs
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
   from (select set_config('synchronous_commit', 'off', true)) as lossy
  where id = any(array(select id from jobqueue.claimable
-                       where kind = any(%(kinds)s::text[])
-                       order by claimable_at, id limit %(batch)s
+                       where queue = (%(queues)s::text[])[1]
+                         and priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+                         and kind = any(%(kinds)s::text[])
+                       order by priority desc, claimable_at, id limit %(batch)s
                        for update skip locked))
+returning id, tenant_id, attempts as attempt, kind, payload;
+
+-- Run by Leased.claim for a worker that serves several queues: the same claim, one order across
+-- them (priority, then age). Each queue is read as claim_leased reads one (its own index range,
+-- bounded), up to the batch each, then the first of them all are taken. The price of more than
+-- one queue: up to a batch per queue is locked for the statement, and only a batch updated.
+-- name: claim_leased_queues
+update jobqueue.jobs
+   set status = 'running', attempts = attempts + 1,
+       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
+ where id = any(array(
+         select job.id
+           from unnest(%(queues)s::text[]) as served(queue)
+          cross join lateral (
+                select c.id, c.priority, c.claimable_at from jobqueue.claimable c
+                 where c.queue = served.queue and c.priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+                   and c.kind = any(%(kinds)s::text[])
+                 order by c.priority desc, c.claimable_at, c.id limit %(batch)s
+                 for update skip locked) as job
+          order by job.priority desc, job.claimable_at, job.id
+          limit %(batch)s))
+returning id, tenant_id, attempts as attempt, kind, payload;
+
+-- Run by Leased.claim with lossy_claim=True for a worker that serves several queues.
+-- name: claim_leased_queues_lossy
+update jobqueue.jobs
+   set status = 'running', attempts = attempts + 1,
+       locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
+  from (select set_config('synchronous_commit', 'off', true)) as lossy
+ where id = any(array(
+         select job.id
+           from unnest(%(queues)s::text[]) as served(queue)
+          cross join lateral (
+                select c.id, c.priority, c.claimable_at from jobqueue.claimable c
+                 where c.queue = served.queue and c.priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+                   and c.kind = any(%(kinds)s::text[])
+                 order by c.priority desc, c.claimable_at, c.id limit %(batch)s
+                 for update skip locked) as job
+          order by job.priority desc, job.claimable_at, job.id
+          limit %(batch)s))
 returning id, tenant_id, attempts as attempt, kind, payload;
 
 -- Run by Leased.execute as the first statement of the work's transaction: the tenant in its
@@ -107,10 +248,12 @@ with done as (
   update jobqueue.jobs
      set status = 'running', attempts = attempts + 1,
          locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
-   where id in (select id from jobqueue.claimable
-                 where kind = any(%(kinds)s::text[]) and id <> %(id)s
-                 order by claimable_at, id limit %(batch)s
-                 for update skip locked)
+   where id = any(array(select id from jobqueue.claimable
+                         where queue = (%(queues)s::text[])[1]
+                           and priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+                           and kind = any(%(kinds)s::text[]) and id <> %(id)s
+                         order by priority desc, claimable_at, id limit %(batch)s
+                         for update skip locked))
   returning id, tenant_id, attempts as attempt, kind, payload
 )
 select (select count(*) from done) as finished, (select id from run) as run,
@@ -287,13 +430,14 @@ select p.privilege || ' on ' || p.object
 -- columns back, so execute, the fence, the heartbeat and the reaper are unchanged), with
 -- another choice of job from the same view `claimable`. Each is one statement.
 
--- Run by Leased.claim with fair='round-robin': the first claimable job of the tenant served
--- least recently (never served first), one job per tenant for a batch; the tenants' turns are
--- moved in the same statement. Tenants with work are listed by a skip scan over
--- jobs_claimable_by_tenant (one descent each: a tenant's backlog costs nothing), put in turn
--- order, then probed in that order for an unlocked claimable job until the batch is full: only
--- the jobs taken are locked. Guarantee: while a tenant has a claimable job, each other tenant
--- is served at most once before it, plus the claims already in flight (one per other worker).
+-- Run by Leased.claim with fair='round-robin': the first claimable job (highest priority first, in
+-- the worker's queues) of the tenant served least recently (never served first), one job per
+-- tenant for a batch; the tenants' turns are moved in the same statement. Tenants with work
+-- are listed by a skip scan over jobs_claimable_by_tenant (one descent each: a tenant's backlog
+-- costs nothing), put in turn order, then probed in that order for an unlocked claimable job
+-- until the batch is full: only the jobs taken are locked. Guarantee: while a tenant has a
+-- claimable job, each other tenant is served at most once before it, plus the claims already in
+-- flight (one per other worker).
 -- Not given: weights; two workers claiming at the same moment may serve the same tenant; a
 -- long job still holds its worker. Cost: one descent per tenant with work, per claim.
 -- name: claim_round_robin
@@ -319,7 +463,8 @@ with recursive tenants as (
    cross join lateral (
          select c.id from jobqueue.claimable c
           where c.tenant_id = turn.tenant_id and c.kind = any(%(kinds)s::text[])
-          order by c.claimable_at, c.id limit 1
+            and c.queue = any(%(queues)s::text[]) and c.priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+          order by c.priority desc, c.claimable_at, c.id limit 1
           for update skip locked) as job
    limit %(batch)s
 ), moved as (
@@ -350,18 +495,27 @@ returning id, tenant_id, attempts as attempt, kind, payload;
 -- batch can take several jobs of a tenant below N. It helps only with more workers than N; the
 -- walk passes the busy tenants' claimable jobs (the noisy backlog) before it finds another's.
 -- name: claim_limit
+with busy as (
+  select tenant_id from jobqueue.jobs
+   where status = 'running' and locked_until >= clock_timestamp()
+   group by tenant_id
+  having count(*) >= %(limit)s
+)
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id = any(array(select id from jobqueue.claimable
-                       where kind = any(%(kinds)s::text[])
-                         and tenant_id not in (select tenant_id from jobqueue.jobs
-                                                where status = 'running'
-                                                  and locked_until >= clock_timestamp()
-                                                group by tenant_id
-                                               having count(*) >= %(limit)s)
-                       order by claimable_at, id limit %(batch)s
-                       for update skip locked))
+ where id = any(array(
+         select job.id
+           from unnest(%(queues)s::text[]) as served(queue)
+          cross join lateral (
+                select c.id, c.priority, c.claimable_at from jobqueue.claimable c
+                 where c.queue = served.queue and c.priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
+                   and c.kind = any(%(kinds)s::text[])
+                   and c.tenant_id not in (select tenant_id from busy)
+                 order by c.priority desc, c.claimable_at, c.id limit %(batch)s
+                 for update skip locked) as job
+          order by job.priority desc, job.claimable_at, job.id
+          limit %(batch)s))
 returning id, tenant_id, attempts as attempt, kind, payload;
 
 -- ---------------------------------------------------------------------------------------------

@@ -28,6 +28,11 @@ create table jobqueue.jobs (
   last_error   text,
   created      timestamptz not null default clock_timestamp(),
   finished     timestamptz,
+  -- Routing (0003): a worker serves a list of queues; higher priority runs first; while a job
+  -- with a unique_key is queued or running, enqueueing that key again returns its id.
+  queue        text not null default 'default',
+  priority     smallint not null default 0,
+  unique_key   text,
   -- When a claim may take the job: a queued job once its run_after has come, a running one once
   -- its lease has run out (taken over). One column, so one index serves every claim.
   claimable_at timestamptz generated always as
@@ -36,13 +41,18 @@ create table jobqueue.jobs (
     check (status in ('queued', 'running', 'done', 'dead', 'cancelled')),
   constraint attempts_within_budget check (attempts between 0 and max_attempts),
   constraint max_attempts_positive check (max_attempts > 0),
-  constraint running_has_lease check (status <> 'running' or locked_until is not null)
+  constraint running_has_lease check (status <> 'running' or locked_until is not null),
+  constraint queue_is_named check (queue <> '' and length(queue) <= 200),
+  constraint unique_key_not_empty check (unique_key <> ''),
+  -- The claims name every priority (queries.sql): widening the range changes them too.
+  constraint priority_in_range check (priority between -10 and 10)
 );
 
 -- What the claim reads, in the claim's order: only jobs a claim could take some day. Finished
--- jobs and exhausted ones (attempts spent, waiting for the reaper) are not in it; jobs scheduled
--- or backing off sort after the ready ones, so the claim stops before it reaches them.
-create index jobs_claimable on jobqueue.jobs (claimable_at, id, kind)
+-- jobs and exhausted ones (attempts spent, waiting for the reaper) are not in it. Per queue and
+-- priority (the claim names both: every priority, in order), jobs scheduled or backing off sort
+-- after the ready ones, so the claim stops before it reaches them.
+create index jobs_claimable on jobqueue.jobs (queue, priority desc, claimable_at, id, kind)
   where status in ('queued', 'running') and attempts < max_attempts;
 
 -- What the reaper and the per-tenant limit read: running jobs by lease expiry (one per busy
@@ -50,15 +60,19 @@ create index jobs_claimable on jobqueue.jobs (claimable_at, id, kind)
 create index jobs_running_lease on jobqueue.jobs (locked_until) where status = 'running';
 
 -- The fair claims read the claimable jobs tenant by tenant (a skip scan lists the tenants with
--- work, one descent each; then one tenant's next job).
-create index jobs_claimable_by_tenant on jobqueue.jobs (tenant_id, claimable_at, id)
+-- work, one descent each; then one tenant's next job, highest priority first).
+create index jobs_claimable_by_tenant on jobqueue.jobs (tenant_id, priority desc, claimable_at, id)
   where status in ('queued', 'running') and attempts < max_attempts;
+
+-- One live job per key: a finished (done, dead) job frees its key.
+create unique index jobs_unique_key on jobqueue.jobs (unique_key)
+  where unique_key is not null and status in ('queued', 'running');
 
 -- The one definition of what a claim may take now. Every claim (FIFO, fair, chained into a
 -- finish) selects from it `for update skip locked`, ordered by claimable_at, id.
 -- statement_timestamp() (stable, unlike clock_timestamp()) lets the index bound the scan.
 create view jobqueue.claimable with (security_invoker = true) as
-  select id, tenant_id, kind, claimable_at
+  select id, tenant_id, kind, claimable_at, queue, priority
     from jobqueue.jobs
    where status in ('queued', 'running')
      and attempts < max_attempts
@@ -104,4 +118,12 @@ create table jobqueue.workers (
   last_seen timestamptz not null default clock_timestamp(),
   expires   timestamptz not null,
   constraint expires_after_seen check (expires >= last_seen)
+);
+
+-- Periodic jobs: the last slot enqueued per schedule name. A worker enqueues a slot only by
+-- moving its schedule's slot forward, in the statement that inserts the job: each slot once,
+-- however many workers run, and never again once a later slot (or the same) was recorded.
+create table jobqueue.periodic (
+  name      text primary key,
+  last_slot timestamptz not null
 );
