@@ -30,6 +30,11 @@ ROWS = [
     ("pgqueuer_psycopg", "PgQueuer, its defaults on psycopg"),
     ("awa", "{awa} (`awa-pg`), its defaults (10 permits)"),
     ("awa_one", "awa, one permit: one job at a time ({configuration})"),
+    ("leased_priority", "`leased_priority`: `leased` on jobs of four priorities"),
+    ("leased_queues", "`leased_queues`: `leased`, one worker serving two queues"),
+    ("leased_unique", "`leased_unique`: `leased` on jobs that each have a unique key"),
+    ("enqueue_one", "enqueue rate: one `enqueue` per job, in one transaction"),
+    ("enqueue_many", "enqueue rate: `enqueue_many`, one statement"),
 ]
 #: Where a label names a peer, the page its row links to: the run's ``docs`` key.
 LINKS = {"procrastinate": "procrastinate", "PgQueuer": "pgqueuer", "awa": "awa",
@@ -48,6 +53,10 @@ TARGETS = [
     ("leased_vs_awa_one", "`leased` at least awa one job at a time", lambda v: v >= 1),
     ("leased_batch_commit_vs_awa", "`leased_batch_commit` at least awa with its default permits",
      lambda v: v >= 1),
+    ("leased_priority_vs_leased", "priorities cost at most 10 % of `leased`",
+     lambda v: v >= 0.9),
+    ("leased_queues_vs_leased", "two queues cost at most 10 % of `leased`", lambda v: v >= 0.9),
+    ("leased_unique_vs_leased", "unique keys cost at most 10 % of `leased`", lambda v: v >= 0.9),
     ("claim_at_history_vs_0", "claim with the history at most 1.5x without", lambda v: v <= 1.5),
     ("claim_empty_at_history_vs_0", "the same on an empty queue", lambda v: v <= 1.5),
     ("claim_not_due_vs_0", "claim behind jobs not yet due (scheduled, in backoff) at most 1.5x "
@@ -120,6 +129,10 @@ def table(r: dict[str, Any]) -> str:
             lines.append(f"| {text} | {ratios[key]:.2f}x | {'✓' if ok(ratios[key]) else '✗'} |")
         else:
             lines.append(f"| {text} | not measured in this run (`--peers`, `--workers 8`) | |")
+    if "enqueue_many" in res:
+        rate = res["enqueue_many"]["jobs_per_s"]
+        lines.append(f"| `enqueue_many` at least 20,000 jobs/s on this machine | {rate:,.0f} jobs/s | "
+                     f"{'✓' if rate >= 20_000 else '✗'} |")
     if "leased" in lat:
         median = lat["leased"]["median"]
         lines.append(f"| idle latency median at most 10 ms | {median:.1f} ms | "
