@@ -70,9 +70,10 @@ def retry_value(setting: str, max_attempts: int, given: str | None) -> Any:
 
     if given is not None:
         return True if given.lower() == "true" else int(given)
-    if setting == "recommended":
-        # procrastinate's max_attempts counts retries ("retry=5: 6 attempts total").
-        return procrastinate.RetryStrategy(max_attempts=max(max_attempts - 1, 0), wait=1)
+    if setting == "recommended" and max_attempts > 1:
+        # procrastinate's max_attempts counts retries ("retry=5: 6 attempts total"); 0 would
+        # mean no limit at all, so one attempt is no retry strategy.
+        return procrastinate.RetryStrategy(max_attempts=max_attempts - 1, wait=1)
     return False
 
 
