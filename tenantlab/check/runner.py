@@ -32,8 +32,9 @@ from .checks import Fault, Job, Trial
 
 log = logging.getLogger("tenantlab")
 
-#: application_name of the suite's own sessions: never terminated by the scenario ``terminate``.
-SUITE = "tenantlab check"
+#: application_name of the suite's own sessions: never terminated by the scenario ``terminate``
+#: (the peers' workers are named "tenantlab check ...": they are terminated).
+SUITE = "tenantlab suite"
 STEP = 0.1  # seconds between looks at the history, the states and the workers
 
 
@@ -224,7 +225,7 @@ class Context:
 
     def terminate_sessions(self) -> list[int]:
         """pg_terminate_backend on every session of the trial's database but the suite's."""
-        with db.connect(self.dsn, "check", autocommit=True) as conn:
+        with db.connect(self.dsn, "suite", autocommit=True) as conn:
             rows = conn.execute(
                 "select pid, pg_terminate_backend(pid) from pg_stat_activity "
                 "where datname = current_database() and pid <> pg_backend_pid() "
@@ -302,9 +303,12 @@ def run(adapter: Adapter, scenario: Any, *, options: Options | None = None,
             if (argv := adapter.maintenance_command(scratch.admin, options)) is not None:
                 keeper = spawn(argv, tmp, "maintenance")
                 stack.callback(end, keeper)
-            workers.start(scenario.workers)
             ctx = Context(adapter, scratch.admin, trial, options, workers, history_path, cluster)
-            scenario.script(ctx)
+            if scenario.queue_first:
+                scenario.script(ctx)
+            workers.start(scenario.workers)
+            if not scenario.queue_first:
+                scenario.script(ctx)
             _settle(ctx)
             trial.end = time.time()
             trial.executions = ctx.executions()

@@ -30,6 +30,7 @@ class Scenario:
     cluster: bool = False      # a throwaway cluster of its own (it gets restarted)
     pooler: bool = False       # workers reach the database through PgBouncer
     feature: str | None = None  # needs this adapter feature, else n/a
+    queue_first: bool = False  # the script queues everything before the workers start
 
 
 def _first_run(ctx: Any, job: str) -> Any:
@@ -107,17 +108,9 @@ def wake(ctx: Any) -> None:
 
 
 def throughput(ctx: Any) -> None:
-    many = getattr(ctx.adapter, "enqueue_many", None)
-    if many is None:
-        for i in range(100):
-            ctx.enqueue("ok", tenant=1 + i % 100)
-        return
-    import time
-
-    ids = many(ctx.dsn, "ok", [(1 + i % 100, {}) for i in range(100)], ctx.options)
-    now = time.time()
-    ctx.trial.t0 = now
-    ctx.trial.jobs += [checks.Job(str(i), "ok", 1, {}, now) for i in ids]
+    # Queued before the workers start: what is measured is the workers, not the enqueues.
+    for i in range(100):
+        ctx.enqueue("ok", tenant=1 + i % 100)
 
 
 SCENARIOS: dict[str, Scenario] = {s.id: s for s in [
@@ -144,8 +137,9 @@ SCENARIOS: dict[str, Scenario] = {s.id: s for s in [
              pooler=True),
     Scenario("wake", "measured: from an idle enqueue to the body's start", 15, wake,
              checks.check_wake),
-    Scenario("throughput", "measured: 100 short jobs, two workers, jobs per second", 20,
-             throughput, checks.check_throughput, workers=2),
+    Scenario("throughput", "measured: 100 short jobs queued, then two workers: jobs per second "
+             "from the first start to the last end", 30, throughput, checks.check_throughput,
+             workers=2, queue_first=True),
 ]}
 
 

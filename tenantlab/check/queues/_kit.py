@@ -27,20 +27,13 @@ def install(dsn: str) -> None:
 
 
 def add(dsn: str, kind: str, tenant: int, payload: dict[str, Any], options: Options) -> str:
-    with db.connect(dsn, "check enqueue", autocommit=True) as conn:
+    with db.connect(dsn, "suite enqueue", autocommit=True) as conn:
         return str(enqueue(conn, kind, tenant=tenant, payload=payload,
                            max_attempts=options.max_attempts))
 
 
-def add_many(dsn: str, kind: str, jobs: list[tuple[int, dict[str, Any]]],
-             options: Options) -> list[str]:
-    with db.connect(dsn, "check enqueue") as conn, conn.transaction():
-        return [str(enqueue(conn, kind, tenant=t, payload=p, max_attempts=options.max_attempts))
-                for t, p in jobs]
-
-
 def states(dsn: str) -> dict[str, State]:
-    with db.connect(dsn, "check states", autocommit=True) as conn:
+    with db.connect(dsn, "suite states", autocommit=True) as conn:
         rows = conn.execute("select id::text, status from jobqueue.jobs").fetchall()
     return {job: STATES.get(status, "queued") for job, status in rows}
 

@@ -56,10 +56,6 @@ class Naive:
                 options: Options) -> str:
         return _kit.add(dsn, kind, tenant, payload, options)
 
-    def enqueue_many(self, dsn: str, kind: str, jobs: list[tuple[int, dict[str, Any]]],
-                     options: Options) -> list[str]:
-        return _kit.add_many(dsn, kind, jobs, options)
-
     def worker_command(self, dsn: str, history: str, options: Options) -> list[str]:
         return _kit.python("tenantlab.check.queues.naive", dsn, history, "--poll", str(options.poll))
 
