@@ -33,7 +33,8 @@ class Job:
     kind: str
     tenant: int
     payload: dict[str, Any]
-    enqueued: float  # time.time() once its enqueue committed
+    enqueued: float  # time.time() once the enqueue call returned (its commit is before)
+    requested: float | None = None  # time.time() when the enqueue call was made
 
 
 @dataclass
@@ -113,7 +114,17 @@ def _times(n: int) -> str:
 
 
 def not_terminal(trial: Trial, jobs: list[str] | None = None) -> list[str]:
-    """Witnesses for jobs not in a final state when the bound had passed."""
+    """Witnesses for jobs not in a final state when the bound had passed (the first three in
+    full, then the others by id)."""
+    out = _not_terminal(trial, jobs)
+    if len(out) <= 3:
+        return [s for s, _ in out]
+    rest = [job for _, job in out[2:]]
+    return [s for s, _ in out[:2]] + [
+        f"and {len(rest)} more jobs not final when the bound had passed: {', '.join(rest)}"]
+
+
+def _not_terminal(trial: Trial, jobs: list[str] | None) -> list[tuple[str, str]]:
     out = []
     execs = by_job(trial.executions)
     for job in jobs if jobs is not None else [j.id for j in trial.jobs]:
@@ -126,8 +137,8 @@ def not_terminal(trial: Trial, jobs: list[str] | None = None) -> list[str]:
         attempts = [e.attempt for e in runs if e.attempt is not None]
         past = (f", attempt {max(attempts)} past max_attempts {trial.max_attempts}"
                 if attempts and max(attempts) > trial.max_attempts else "")
-        out.append(f"job {job} ({trial.kind(job)}) {ran}{past} and was still {state} when the "
-                   f"bound of {trial.bound:g} s had passed")
+        out.append((f"job {job} ({trial.kind(job)}) {ran}{past} and was still {state} when "
+                    f"the bound of {trial.bound:g} s had passed", job))
     return out
 
 
@@ -328,11 +339,15 @@ def check_wake(trial: Trial) -> Result:
         return r
     first = {job: runs[0].start for job, runs in by_job(trial.executions).items()}
     probes = [j for j in trial.jobs if j.payload.get("probe")]
-    lat = [first[j.id] - j.enqueued for j in probes if j.id in first]
+    # From the call's return: the commit came before it, so a worker woken by it may start
+    # before the call has returned (then 0).
+    lat = [max(0.0, first[j.id] - j.enqueued) for j in probes if j.id in first]
     if not lat:
         return Result("indeterminate", ["no probe job started within the bound"])
+    calls = [j.enqueued - j.requested for j in probes if j.requested is not None]
     measured = {"median_ms": round(1000 * statistics.median(lat), 1),
-                "max_ms": round(1000 * max(lat), 1), "probes": len(lat)}
+                "max_ms": round(1000 * max(lat), 1), "probes": len(lat),
+                "enqueue_call_ms": round(1000 * statistics.median(calls), 1) if calls else None}
     witness = not_terminal(trial, [j.id for j in probes])
     return Result("fail" if witness else "pass", witness, measured)
 

@@ -12,6 +12,7 @@ The JSON (a contract): ``{"server_version", "rows": [{"queue", "setting", "versi
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import sys
@@ -48,7 +49,7 @@ def applies(adapter: Adapter, scenario: Scenario) -> str | None:
 
 
 def cell(adapter: Adapter, scenario: Scenario, runs: int, options: Options | None = None,
-         progress: Progress | None = None) -> dict[str, Any]:
+         template: str | None = None) -> dict[str, Any]:
     """Run one scenario ``runs`` times on one row; return its JSON cell."""
     if (why := applies(adapter, scenario)) is not None:
         return _na(why)
@@ -56,7 +57,8 @@ def cell(adapter: Adapter, scenario: Scenario, runs: int, options: Options | Non
     seconds = []
     for _ in range(runs):
         started = time.monotonic()
-        results.append(scenario.checker(runner.run(adapter, scenario, options=options)))
+        results.append(scenario.checker(runner.run(adapter, scenario, options=options,
+                                                   template=template)))
         seconds.append(round(time.monotonic() - started, 1))
     failed = [r for r in results if r.result == "fail"]
     unsure = [r for r in results if r.result == "indeterminate"]
@@ -92,18 +94,18 @@ def run(queues: list[str] | None = None, scenarios: list[str] | None = None, run
                                "promises": a.promises, "scenarios": {}}
         if version is None:
             row["install_hint"] = a.install_hint
-        for s in picked:
-            done += 1
-            if version is None:
-                c = _na(f"not installed: {a.install_hint}")
-            else:
+        with contextlib.ExitStack() as stack:
+            template = (stack.enter_context(runner.installed(a)) if version is not None
+                        else None)
+            for s in picked:
+                done += 1
+                if version is None:
+                    row["scenarios"][s.id] = _na(f"not installed: {a.install_hint}")
+                    continue
+                c = row["scenarios"][s.id] = cell(a, s, runs, options, template)
                 if progress:
-                    progress(f"[{done}/{total}] {a.name} {_star(a.setting)} {s.id} ...")
-                c = cell(a, s, runs, options, progress)
-            row["scenarios"][s.id] = c
-            if progress and version is not None:
-                progress(f"[{done}/{total}] {a.name} {_star(a.setting)} {s.id}: "
-                         f"{mark(c, s.id)} ({_secs(c)} s)")
+                    progress(f"[{done}/{total}] {a.name} {star(a.setting)} {s.id}: "
+                             f"{mark(c, s.id)} ({_secs(c)} s)")
         out["rows"].append(row)
     out["seconds"] = round(time.monotonic() - started, 1)
     return out
@@ -114,7 +116,7 @@ def _secs(c: dict[str, Any]) -> float:
     return float(sum(s)) if isinstance(s, list) else float(s)
 
 
-def _star(setting: str) -> str:
+def star(setting: str) -> str:
     return "★" if setting == "default" else "recommended"
 
 
@@ -144,7 +146,7 @@ def marks(result: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, str]]]
                  for s, c in r["scenarios"].items()}) for r in result["rows"]]
 
 
-def _columns(result: dict[str, Any]) -> list[str]:
+def columns(result: dict[str, Any]) -> list[str]:
     seen: list[str] = []
     for r in result["rows"]:
         seen += [s for s in r["scenarios"] if s not in seen]
@@ -153,16 +155,16 @@ def _columns(result: dict[str, Any]) -> list[str]:
 
 def witnesses(result: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
     """Return (row label, scenario, sentences) for every ✗ and ? cell."""
-    return [(f"{r['queue']} {_star(r['setting'])}", s, c["witness"])
+    return [(f"{r['queue']} {star(r['setting'])}", s, c["witness"])
             for r in result["rows"] for s, c in r["scenarios"].items()
             if c["result"] in ("fail", "indeterminate")]
 
 
 def table(result: dict[str, Any]) -> str:
     """Return the matrix as plain text, then the witness of every ✗ and ?."""
-    cols = _columns(result)
+    cols = columns(result)
     head = ["queue", "setting", "version", *cols]
-    body = [[r["queue"], _star(r["setting"]), r["version"] or "not installed",
+    body = [[r["queue"], star(r["setting"]), r["version"] or "not installed",
              *[m.get(s, "") for s in cols]] for r, m in marks(result)]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
@@ -170,7 +172,7 @@ def table(result: dict[str, Any]) -> str:
     lines.append("")
     for r in result["rows"]:
         if r.get("install_hint") and r["version"] is None:
-            lines.append(f"{r['queue']} {_star(r['setting'])}: not installed: {r['install_hint']}")
+            lines.append(f"{r['queue']} {star(r['setting'])}: not installed: {r['install_hint']}")
     for label, s, sentences in witnesses(result):
         for w in sentences:
             lines.append(f"{label} {s}: {w}")
@@ -179,19 +181,19 @@ def table(result: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     """Return the matrix as a Markdown table (the README's), the promises and the witnesses."""
-    cols = _columns(result)
+    cols = columns(result)
     lines = [f"Measured by `tenantlab check --runs {result.get('runs', 1)}` on PostgreSQL "
              f"{result['server_version']}, {result.get('date', '')} "
              f"({result.get('seconds', '?')} s for the whole matrix).", "",
              "| queue | setting | version | " + " | ".join(f"`{c}`" for c in cols) + " |",
              "|---|---|---|" + "---|" * len(cols)]
     for r, m in marks(result):
-        cells = [r["queue"], _star(r["setting"]), r["version"] or "not installed",
+        cells = [r["queue"], star(r["setting"]), r["version"] or "not installed",
                  *[m.get(c, "") for c in cols]]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     lines.append("")
     for r in result["rows"]:
-        lines.append(f"- **{r['queue']} {_star(r['setting'])}** promises: {r['promises']}")
+        lines.append(f"- **{r['queue']} {star(r['setting'])}** promises: {r['promises']}")
     found = witnesses(result)
     if found:
         lines += ["", "Witnesses:", ""]
@@ -224,16 +226,16 @@ n/a does not apply; ? could not be judged (never ✓).</p>
 def page(result: dict[str, Any]) -> str:
     """Return the matrix as one offline HTML page."""
     e = html.escape
-    cols = _columns(result)
+    cols = columns(result)
     rows_html = "".join(
-        f"<tr><td>{e(r['queue'])}</td><td>{e(_star(r['setting']))}</td>"
+        f"<tr><td>{e(r['queue'])}</td><td>{e(star(r['setting']))}</td>"
         f"<td>{e(r['version'] or 'not installed')}</td>"
         + "".join(f"<td class=\"{r['scenarios'][c]['result'] if c in r['scenarios'] else ''}\" "
                   f"title=\"{e(' '.join(r['scenarios'].get(c, {}).get('witness', [])))}\">"
                   f"{e(m.get(c, ''))}</td>" for c in cols) + "</tr>"
         for r, m in marks(result))
     promises = "".join(
-        f"<li><b>{e(r['queue'])} {e(_star(r['setting']))}</b>: {e(r['promises'])}<br><small>"
+        f"<li><b>{e(r['queue'])} {e(star(r['setting']))}</b>: {e(r['promises'])}<br><small>"
         + "; ".join(f"{e(k)}: {e(str(v))}" + (f" (<a href=\"{e(r['links'][k])}\">why</a>)"
                                             if k in r.get("links", {}) else "")
                     for k, v in r["settings"].items())

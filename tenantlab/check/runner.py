@@ -11,8 +11,10 @@ ended, the pooler and the cluster stopped and the database dropped before ``run`
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -23,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
-from .. import db
+from .. import db, queries
 from ..server import Server, free_port, home
 from . import history
 from .adapter import TERMINAL, Adapter, Options
@@ -36,6 +40,9 @@ log = logging.getLogger("tenantlab")
 #: (the peers' workers are named "tenantlab check ...": they are terminated).
 SUITE = "tenantlab suite"
 STEP = 0.1  # seconds between looks at the history, the states and the workers
+
+
+_names = itertools.count(1)
 
 
 class SuiteError(Exception):
@@ -64,12 +71,14 @@ class Process:
         return self.proc.pid
 
     def last_line(self) -> str:
+        """The error it died of: the last line naming an exception, else its last line."""
         try:
             lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines()
                      if ln.strip()]
         except OSError:
             return ""
-        return lines[-1][:200] if lines else ""
+        named = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception|Exit)\b", ln)]
+        return (named or lines or [""])[-1][:200]
 
 
 def spawn(argv: list[str], directory: Path, role: str) -> Process:
@@ -174,8 +183,9 @@ class Context:
     # --- the queue --------------------------------------------------------------------------
 
     def enqueue(self, kind: str, tenant: int = 1, **payload: Any) -> Job:
+        requested = time.time()
         job_id = self.adapter.enqueue(self.dsn, kind, tenant, payload, self.options)
-        job = Job(str(job_id), kind, tenant, payload, time.time())
+        job = Job(str(job_id), kind, tenant, payload, time.time(), requested)
         if not self.trial.jobs:
             self.trial.t0 = job.enqueued
         self.trial.jobs.append(job)
@@ -266,6 +276,49 @@ class Cluster:
             raise SuiteError(f"the throwaway cluster did not restart: {s._last_log_line()}")
 
 
+def _name(label: str) -> str:
+    safe = "".join(c if c.isalnum() else "_" for c in label.lower())[:24]
+    return f"tenantlab_check_{safe}_{os.getpid()}_{next(_names)}"
+
+
+@contextlib.contextmanager
+def database(admin: str, template: str, label: str) -> Iterator[db.Scratch]:
+    """A database cloned from ``template`` (the kit's, or one a queue was installed in), as
+    ``db.scratch`` makes them; dropped afterwards, its sessions ended."""
+    name = _name(label)
+    with db.connect(admin, "suite", autocommit=True) as conn:
+        create = sql.SQL("create database {} template {} owner {}").format(
+            sql.Identifier(name), sql.Identifier(template), sql.Identifier(db.OWNER))
+        for attempt in range(50):
+            try:
+                conn.execute(create)
+                break
+            except psycopg.errors.ObjectInUse:
+                # A library's pool closed a moment ago: its backends are still exiting.
+                if attempt == 49:
+                    raise
+                time.sleep(0.1)
+        db._set_search_path(conn, name)
+        db._stamp(conn, name, queries.schema_version())  # `tenantlab uninstall` finds it
+    worker = make_conninfo(admin, dbname=name, user=db.WORKER, password=db.worker_password(admin))
+    try:
+        yield db.Scratch(name=name, admin=db.with_db(admin, name), worker=worker)
+    finally:
+        with db.connect(admin, "suite", autocommit=True) as conn:
+            db._drop(conn, name)
+
+
+@contextlib.contextmanager
+def installed(adapter: Adapter, dsn: str | None = None) -> Iterator[str]:
+    """A template database with ``adapter``'s schema installed once, for every trial of a row
+    (awa's migrations take seconds); dropped afterwards."""
+    admin = dsn or db.admin_dsn()
+    db.ensure_template(admin)
+    with database(admin, db.TEMPLATE, f"tpl_{adapter.name}") as tpl:
+        adapter.install(tpl.admin)
+        yield tpl.name
+
+
 @contextlib.contextmanager
 def _pooler(admin: str, on: bool) -> Iterator[Any]:
     if not on:
@@ -278,9 +331,12 @@ def _pooler(admin: str, on: bool) -> Iterator[Any]:
 
 
 def run(adapter: Adapter, scenario: Any, *, options: Options | None = None,
-        dsn: str | None = None) -> Trial:
+        dsn: str | None = None, template: str | None = None) -> Trial:
     """Run ``scenario`` once on ``adapter``; return what was seen (``error`` set when the
-    suite itself failed). Everything it started is ended before it returns."""
+    suite itself failed). Everything it started is ended before it returns.
+
+    ``template``: a database ``installed`` made for this adapter on the same server (not used
+    for a scenario on a cluster of its own)."""
     options = options or Options()
     trial = Trial(scenario.id, scenario.bound, time.time(), time.time(),
                   max_attempts=options.max_attempts, lease=options.lease)
@@ -290,11 +346,15 @@ def run(adapter: Adapter, scenario: Any, *, options: Options | None = None,
             cluster = stack.enter_context(Cluster()) if scenario.cluster else None
             if cluster is not None:
                 admin = cluster.dsn()
-            scratch = stack.enter_context(db.scratch(f"check_{scenario.id}", admin))
+            if template is not None and cluster is None:
+                scratch = stack.enter_context(database(admin, template, scenario.id))
+            else:
+                db.ensure_template(admin)
+                scratch = stack.enter_context(database(admin, db.TEMPLATE, scenario.id))
+                adapter.install(scratch.admin)
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tenantlab-check-")))
             os.chmod(tmp, 0o777)
             history_path = tmp / "history.jsonl"
-            adapter.install(scratch.admin)
             bouncer = stack.enter_context(_pooler(admin, scenario.pooler))
             worker_dsn = bouncer.through(scratch.admin) if bouncer is not None else scratch.admin
             workers = Workers(adapter.worker_command(worker_dsn, str(history_path), options), tmp,

@@ -1,0 +1,176 @@
+"""Notebook 13's pieces: the stored matrix as tables, one scenario run live, its timeline.
+
+``stored()`` reads docs/check.json (a real run of ``tenantlab check``) and says when it was
+measured; ``run(queue, setting, scenario)`` runs one cell live and returns a ``Live`` (the trial,
+the verdict, a one-row table, the witnesses, the timeline chart); ``picker()`` is the dropdown
+panel that does the same for the participant's choice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from . import runner
+from .adapter import Adapter, Options, rows
+from .checks import OVERLAP_NOISE, Result, Trial
+from .matrix import applies, columns, marks, star
+from .scenarios import SCENARIOS
+
+STORED = Path(__file__).resolve().parents[2] / "docs" / "check.json"
+OVERLAP = "#e45756"
+
+
+def load(path: Path = STORED) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def caption(result: dict[str, Any]) -> str:
+    return (f"The stored run: `tenantlab check --runs {result.get('runs', 1)}` on PostgreSQL "
+            f"{result['server_version']}, {result.get('date', '?')}, "
+            f"{result.get('seconds', '?')} s for the whole matrix.")
+
+
+def stored(result: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Return the matrix as a table: one row per queue × setting, one column per scenario."""
+    result = result or load()
+    cols = columns(result)
+    return pd.DataFrame([{"queue": r["queue"], "setting": star(r["setting"]),
+                          "version": r["version"] or "not installed", **{c: m.get(c, "")
+                                                                         for c in cols}}
+                         for r, m in marks(result)])
+
+
+def witnesses(result: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Return the evidence under every ✗ (and ?): row, scenario, sentence."""
+    result = result or load()
+    return pd.DataFrame([{"row": f"{r['queue']} {star(r['setting'])}", "scenario": s, "witness": w}
+                         for r in result["rows"] for s, c in r["scenarios"].items()
+                         if c["result"] in ("fail", "indeterminate") for w in c["witness"]],
+                        columns=["row", "scenario", "witness"])
+
+
+def promises(result: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Return what each row's docs promise, and what it sets."""
+    result = result or load()
+    return pd.DataFrame([{"row": f"{r['queue']} {star(r['setting'])}", "promises": r["promises"],
+                          "settings": "; ".join(f"{k}: {v}" for k, v in r["settings"].items())}
+                         for r in result["rows"]])
+
+
+def available() -> list[tuple[str, str]]:
+    """Return the (label, "queue/setting") choices of the installed queues."""
+    return [(f"{a.name} {star(a.setting)}", f"{a.name}/{a.setting}") for a in rows()
+            if a.version() is not None]
+
+
+def adapter(choice: str) -> Adapter:
+    name, _, setting = choice.partition("/")
+    for a in rows([name]):
+        if a.setting == (setting or "default"):
+            return a
+    raise ValueError(f"no queue row {choice!r}; valid: {', '.join(v for _, v in available())}")
+
+
+@dataclass
+class Live:
+    """One scenario run live on one row."""
+
+    adapter: Adapter
+    scenario: str
+    trial: Trial
+    result: Result
+
+    def table(self) -> pd.DataFrame:
+        r = self.result
+        mark = {"pass": "✓", "fail": "✗", "na": "n/a", "indeterminate": "?"}[r.result]
+        return pd.DataFrame([{"row": f"{self.adapter.name} {star(self.adapter.setting)}",
+                              "scenario": self.scenario, "result": mark,
+                              "property": SCENARIOS[self.scenario].property,
+                              "executions": len(self.trial.executions),
+                              "measured": ", ".join(f"{k}: {v}" for k, v in r.measured.items())}])
+
+    def witness(self) -> pd.DataFrame:
+        return pd.DataFrame({"witness": self.result.witness or ["none: the property held"]})
+
+    def chart(self) -> alt.LayerChart:
+        return timeline(self.trial)
+
+
+def run(choice: str, scenario: str, options: Options | None = None) -> Live:
+    """Run ``scenario`` once on the row ``choice`` ("queue/setting"); return what it showed."""
+    a = adapter(choice)
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; valid: {', '.join(SCENARIOS)}")
+    s = SCENARIOS[scenario]
+    if (why := applies(a, s)) is not None:
+        trial = Trial(scenario, s.bound, 0, 0)
+        return Live(a, scenario, trial, Result("na", [why]))
+    trial = runner.run(a, s, options=options)
+    return Live(a, scenario, trial, s.checker(trial))
+
+
+def executions(trial: Trial) -> pd.DataFrame:
+    """Return one row per execution: job, kind, pid, start and end (seconds since the first
+    enqueue), outcome, and whether another execution of the same job ran at the same time."""
+    out = []
+    for e in trial.executions:
+        end = trial.finish_of(e)
+        out.append({"job": f"job {e.job} ({e.kind})", "pid": str(e.pid),
+                    "start": round(e.start - trial.t0, 2), "end": round(end - trial.t0, 2),
+                    "outcome": e.outcome or "never ended"})
+    frame = pd.DataFrame(out, columns=["job", "pid", "start", "end", "outcome"])
+    frame["overlap_from"] = None
+    frame["overlap_to"] = None
+    for i, a in frame.iterrows():
+        for j, b in frame.iterrows():
+            if i < j and a["job"] == b["job"]:  # type: ignore[operator]
+                lo, hi = max(a["start"], b["start"]), min(a["end"], b["end"])
+                if hi - lo > OVERLAP_NOISE:
+                    frame.loc[j, ["overlap_from", "overlap_to"]] = [lo, hi]
+    return frame
+
+
+def timeline(trial: Trial) -> alt.LayerChart:
+    """The executions as bars per job (colour: the worker's pid), two at once in red, and the
+    faults the suite applied as rules."""
+    frame = executions(trial)
+    base = alt.Chart(frame).encode(y=alt.Y("job:N", title=None))
+    bars = base.mark_bar(height=12, opacity=0.8).encode(
+        x=alt.X("start:Q", title="seconds since the first enqueue"), x2="end:Q",
+        color=alt.Color("pid:N", title="worker pid"),
+        tooltip=["job", "pid", "start", "end", "outcome"])
+    both = alt.Chart(frame.dropna(subset=["overlap_from"])).mark_bar(
+        height=4, color=OVERLAP).encode(y="job:N", x="overlap_from:Q", x2="overlap_to:Q",
+                                        tooltip=["job", "overlap_from", "overlap_to"])
+    faults = pd.DataFrame([{"t": round(f.t - trial.t0, 2), "fault": f"{f.action} {f.pid or ''}"}
+                           for f in trial.faults if f.action != "restart-worker"],
+                          columns=["t", "fault"])
+    rules = alt.Chart(faults).mark_rule(strokeDash=[4, 3], color="#555").encode(
+        x="t:Q", tooltip=["fault", "t"])
+    return alt.layer(bars, both, rules).properties(
+        width=620, height=alt.Step(22),
+        title=f"{trial.scenario}: executions (red: two at once; dashed: the suite's faults)")
+
+
+def picker(default: str = "", scenario: str = "overrun") -> Any:
+    """A dropdown of the installed queue rows and one of the scenarios, and a Run button."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    from .. import nb
+
+    choices = available()
+    queue = w.Dropdown(options=choices, value=default or choices[0][1], description="queue")
+    which = w.Dropdown(options=list(SCENARIOS), value=scenario, description="scenario")
+
+    def action() -> None:
+        live = run(queue.value, which.value)
+        display(nb.table(live.table()), nb.table(live.witness()), live.chart())
+
+    return nb.run_panel([[queue, which]], action)
