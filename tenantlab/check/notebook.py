@@ -1,7 +1,7 @@
 """Notebook 13's pieces: the stored matrix as tables, one scenario run live, its timeline.
 
 ``stored()`` reads docs/check.json (a real run of ``tenantlab check``) and says when it was
-measured; ``run(queue, setting, scenario)`` runs one cell live and returns a ``Live`` (the trial,
+measured; ``run("queue/setting", scenario)`` runs one cell live and returns a ``Live`` (the trial,
 the verdict, a one-row table, the witnesses, the timeline chart); ``picker()`` is the dropdown
 panel that does the same for the participant's choice.
 """
@@ -23,7 +23,16 @@ from .matrix import applies, columns, marks, star
 from .scenarios import SCENARIOS
 
 STORED = Path(__file__).resolve().parents[2] / "docs" / "check.json"
-OVERLAP = "#e45756"
+OVERLAP = "#000000"
+#: The live demonstration: a row whose late finish overwrote its new owner's job in the stored
+#: run, else the kit's own worker (which fences it out).
+DEMOS = ("procrastinate/recommended", "jobqueue/default")
+
+
+def demo() -> str:
+    """Return the row notebook 13 runs live: the first of ``DEMOS`` that is installed."""
+    have = {value for _, value in available()}
+    return next(d for d in DEMOS if d in have)
 
 
 def load(path: Path = STORED) -> dict[str, Any]:
@@ -98,7 +107,7 @@ class Live:
     def witness(self) -> pd.DataFrame:
         return pd.DataFrame({"witness": self.result.witness or ["none: the property held"]})
 
-    def chart(self) -> alt.LayerChart:
+    def chart(self) -> Any:
         return timeline(self.trial)
 
 
@@ -117,45 +126,64 @@ def run(choice: str, scenario: str, options: Options | None = None) -> Live:
 
 def executions(trial: Trial) -> pd.DataFrame:
     """Return one row per execution: job, kind, pid, start and end (seconds since the first
-    enqueue), outcome, and whether another execution of the same job ran at the same time."""
+    enqueue; a killed worker's execution ends when it died), outcome."""
+    return pd.DataFrame([{"job": f"job {e.job} ({e.kind})", "pid": str(e.pid),
+                          "start": round(e.start - trial.t0, 2),
+                          "end": round(trial.finish_of(e) - trial.t0, 2),
+                          "outcome": e.outcome or "never ended"} for e in trial.executions],
+                        columns=["job", "pid", "start", "end", "outcome"])
+
+
+def overlaps(frame: pd.DataFrame) -> pd.DataFrame:
+    """Return the spans where two executions of the same job ran at once."""
     out = []
-    for e in trial.executions:
-        end = trial.finish_of(e)
-        out.append({"job": f"job {e.job} ({e.kind})", "pid": str(e.pid),
-                    "start": round(e.start - trial.t0, 2), "end": round(end - trial.t0, 2),
-                    "outcome": e.outcome or "never ended"})
-    frame = pd.DataFrame(out, columns=["job", "pid", "start", "end", "outcome"])
-    frame["overlap_from"] = None
-    frame["overlap_to"] = None
-    for i, a in frame.iterrows():
-        for j, b in frame.iterrows():
-            if i < j and a["job"] == b["job"]:  # type: ignore[operator]
-                lo, hi = max(a["start"], b["start"]), min(a["end"], b["end"])
-                if hi - lo > OVERLAP_NOISE:
-                    frame.loc[j, ["overlap_from", "overlap_to"]] = [lo, hi]
-    return frame
+    rows_ = frame.to_dict("records")
+    for i, a in enumerate(rows_):
+        for b in rows_[i + 1:]:
+            lo, hi = max(a["start"], b["start"]), min(a["end"], b["end"])
+            if a["job"] == b["job"] and hi - lo > OVERLAP_NOISE:
+                out.append({"job": a["job"], "from": lo, "to": hi,
+                            "pids": f"{a['pid']} and {b['pid']}"})
+    return pd.DataFrame(out, columns=["job", "from", "to", "pids"])
 
 
-def timeline(trial: Trial) -> alt.LayerChart:
-    """The executions as bars per job (colour: the worker's pid), two at once in red, and the
-    faults the suite applied as rules."""
+def timeline(trial: Trial) -> Any:
+    """The executions as bars per job (colour: the worker's pid), two at once in black, the
+    faults the suite applied as dashed rules."""
     frame = executions(trial)
-    base = alt.Chart(frame).encode(y=alt.Y("job:N", title=None))
-    bars = base.mark_bar(height=12, opacity=0.8).encode(
+    bars = alt.Chart(frame).mark_bar(height=12, opacity=0.8).encode(
+        y=alt.Y("job:N", title=None),
         x=alt.X("start:Q", title="seconds since the first enqueue"), x2="end:Q",
         color=alt.Color("pid:N", title="worker pid"),
         tooltip=["job", "pid", "start", "end", "outcome"])
-    both = alt.Chart(frame.dropna(subset=["overlap_from"])).mark_bar(
-        height=4, color=OVERLAP).encode(y="job:N", x="overlap_from:Q", x2="overlap_to:Q",
-                                        tooltip=["job", "overlap_from", "overlap_to"])
+    both = alt.Chart(overlaps(frame)).mark_bar(height=4, color=OVERLAP).encode(
+        y="job:N", x="from:Q", x2="to:Q",
+        tooltip=["job:N", "pids:N", "from:Q", "to:Q"])
+    table = alt.Chart(states(trial)).mark_text(dy=-11, fontSize=10, color="#333").encode(
+        y="job:N", x="t:Q", text="state:N", tooltip=["job:N", "state:N", "t:Q"])
     faults = pd.DataFrame([{"t": round(f.t - trial.t0, 2), "fault": f"{f.action} {f.pid or ''}"}
                            for f in trial.faults if f.action != "restart-worker"],
                           columns=["t", "fault"])
     rules = alt.Chart(faults).mark_rule(strokeDash=[4, 3], color="#555").encode(
-        x="t:Q", tooltip=["fault", "t"])
-    return alt.layer(bars, both, rules).properties(
-        width=620, height=alt.Step(22),
-        title=f"{trial.scenario}: executions (red: two at once; dashed: the suite's faults)")
+        x="t:Q", tooltip=["fault:N", "t:Q"])
+    return alt.layer(bars, both, table, rules).properties(
+        width=620, height=alt.Step(34),
+        title=f"{trial.scenario}: executions (black: two at once; text: the queue's own state "
+              "when it changed; dashed: the suite's faults)")
+
+
+def states(trial: Trial) -> pd.DataFrame:
+    """Return each change of a job's state in the queue's own table, as the suite saw it."""
+    out: list[dict[str, Any]] = []
+    last: dict[str, str] = {}
+    kinds = {j.id: j.kind for j in trial.jobs}
+    for t, snapshot in trial.snapshots:
+        for job, state in snapshot.items():
+            if job in kinds and last.get(job) != state:
+                out.append({"job": f"job {job} ({kinds[job]})", "t": round(t - trial.t0, 2),
+                            "state": state})
+                last[job] = state
+    return pd.DataFrame(out, columns=["job", "t", "state"])
 
 
 def picker(default: str = "", scenario: str = "overrun") -> Any:
