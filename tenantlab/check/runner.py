@@ -376,7 +376,7 @@ def run(adapter: Adapter, scenario: Any, *, options: Options | None = None,
                 trial.states = {str(k): v for k, v in adapter.states(scratch.admin).items()}
             except psycopg.Error:
                 trial.states = dict(ctx.states)
-    except (SuiteError, psycopg.Error, OSError, RuntimeError, ValueError) as e:
+    except Exception as e:  # the suite's failure, or an adapter's: the run is not judged
         trial.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         trial.end = time.time()
     return trial
