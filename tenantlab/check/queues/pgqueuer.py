@@ -37,7 +37,7 @@ class PgQueuerQueue(Peer):
 
     def install(self, dsn: str) -> None:
         async def go() -> None:
-            async with _connection(dsn, "pgqueuer install") as queries:
+            async with _connection(dsn, "suite pgqueuer install") as queries:
                 await queries.install()
         run(go)
 
@@ -46,7 +46,7 @@ class PgQueuerQueue(Peer):
         body = json.dumps({"kind": kind, "tenant": tenant, "payload": payload}).encode()
 
         async def go() -> str:
-            async with _connection(dsn, "pgqueuer enqueue") as queries:
+            async with _connection(dsn, "suite pgqueuer enqueue") as queries:
                 ids = await queries.enqueue(ENTRYPOINT, body)
             return str(ids[0])
         return run(go)
@@ -56,7 +56,7 @@ class PgQueuerQueue(Peer):
 
         from ._peers import tagged
 
-        with psycopg.connect(tagged(dsn, "pgqueuer states")) as conn:
+        with psycopg.connect(tagged(dsn, "suite pgqueuer states")) as conn:
             # Last log row per job first, then the live queue table overrides it.
             logged = conn.execute(
                 "select distinct on (job_id) job_id, status::text from pgqueuer_log"
@@ -92,7 +92,7 @@ async def worker(args: Any) -> None:
 
     from .. import bodies
 
-    conn = await asyncpg.connect(url(args.dsn, "pgqueuer worker"))
+    conn = await asyncpg.connect(url(args.dsn, "check pgqueuer worker"))
     pgq = PgQueuer(AsyncpgDriver(conn))
     recommended = args.setting == "recommended"
     options: dict[str, Any] = {}
