@@ -63,7 +63,7 @@ def test_the_registry_lists_the_peers_even_without_their_libraries() -> None:
 
 
 def test_dsn_becomes_a_url_for_the_drivers_that_read_only_urls() -> None:
-    assert _peers.url("host=127.0.0.1 port=5 user=u password=p@s dbname=d", "w") == (
+    assert _peers.url("host=127.0.0.1 port=5 user=u password=p@s dbname=d", "check w") == (
         "postgresql://u:p%40s@127.0.0.1:5/d?application_name=tenantlab+check+w")
     assert _peers.url("host=/run/pg user=u dbname=d") == "postgresql://u@/d?host=%2Frun%2Fpg"
 
@@ -83,7 +83,8 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 def _sessions(dsn: str) -> list[str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute("select application_name from pg_stat_activity"
-                            " where application_name like 'tenantlab check %'").fetchall()
+                            " where application_name like 'tenantlab check %'"
+                            " or application_name like 'tenantlab suite %'").fetchall()
     return [r[0] for r in rows]
 
 

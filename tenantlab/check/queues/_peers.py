@@ -95,15 +95,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def tagged(dsn: str, name: str) -> str:
-    """The DSN with application_name 'tenantlab check <name>' (the kit finds its sessions)."""
-    return make_conninfo(dsn, application_name=f"tenantlab check {name}")
+    """The DSN with application_name 'tenantlab <name>': 'check <queue> worker' for the peers'
+    processes, 'suite <queue> <what>' for the suite's own calls (install, enqueue, states),
+    which the scenario ``terminate`` leaves alone."""
+    return make_conninfo(dsn, application_name=f"tenantlab {name}")
 
 
 def url(dsn: str, name: str | None = None) -> str:
     """The DSN as a postgresql:// URL (asyncpg and awa's sqlx read only URLs)."""
     p = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
     if name:
-        p["application_name"] = f"tenantlab check {name}"
+        p["application_name"] = f"tenantlab {name}"
     user = quote(p.pop("user", ""), safe="")
     password = p.pop("password", None)
     auth = f"{user}:{quote(password, safe='')}@" if password else (f"{user}@" if user else "")

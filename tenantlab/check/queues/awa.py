@@ -46,7 +46,7 @@ class Awa(Peer):
     def install(self, dsn: str) -> None:
         import awa
 
-        with awa.Client(url(dsn, "awa install"), max_connections=1) as client:
+        with awa.Client(url(dsn, "suite awa install"), max_connections=1) as client:
             client.migrate()
 
     def enqueue(self, dsn: str, kind: str, tenant: int, payload: dict[str, Any],
@@ -55,14 +55,14 @@ class Awa(Peer):
 
         budget: dict[str, Any] = ({"max_attempts": options.max_attempts}
                                   if self.setting == "recommended" else {})
-        with awa.Client(url(dsn, "awa enqueue"), max_connections=1) as client:
+        with awa.Client(url(dsn, "suite awa enqueue"), max_connections=1) as client:
             job = client.insert(Body(kind, tenant, payload), kind=KIND, queue=QUEUE, **budget)
         return str(job.id)
 
     def states(self, dsn: str) -> dict[str, State]:
         import psycopg
 
-        with psycopg.connect(tagged(dsn, "awa states")) as conn:
+        with psycopg.connect(tagged(dsn, "suite awa states")) as conn:
             rows = conn.execute("select id, state::text from awa.jobs").fetchall()
             dead = conn.execute("select job_id from awa.dlq_entries").fetchall()
         out: dict[str, State] = {str(i): STATES.get(s, "running") for i, s in rows}
@@ -87,7 +87,7 @@ async def worker(args: Any) -> None:
 
     from .. import bodies
 
-    client = awa.AsyncClient(url(args.dsn, "awa worker"))
+    client = awa.AsyncClient(url(args.dsn, "check awa worker"))
 
     @client.task(Body, kind=KIND, queue=QUEUE)
     async def body(job: Any) -> None:

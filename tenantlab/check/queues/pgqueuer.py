@@ -1,6 +1,8 @@
 """PgQueuer as a row of the matrix, on asyncpg (the driver its docs use): its defaults (★), and
 what its docs recommend for reliability (the ``DatabaseRetryEntrypointExecutor``, failed jobs
-held with ``on_failure="hold"``, and ``heartbeat_timeout`` set to the job's expected runtime).
+held with ``on_failure="hold"``, and ``heartbeat_timeout`` set to the job's expected runtime,
+with the ``dequeue_timeout`` its reliability guide sets beside it: a stale job is re-picked
+only by a dequeue, which an idle worker runs every ``dequeue_timeout``).
 
 One entrypoint, ``tenantlab_body``; the payload is JSON of the body's kind, tenant and payload.
 The body sees ``job.attempts + 1`` (PgQueuer counts previous attempts, and only when a retry is
@@ -35,7 +37,7 @@ class PgQueuerQueue(Peer):
 
     def install(self, dsn: str) -> None:
         async def go() -> None:
-            async with _connection(dsn, "pgqueuer install") as queries:
+            async with _connection(dsn, "suite pgqueuer install") as queries:
                 await queries.install()
         run(go)
 
@@ -44,7 +46,7 @@ class PgQueuerQueue(Peer):
         body = json.dumps({"kind": kind, "tenant": tenant, "payload": payload}).encode()
 
         async def go() -> str:
-            async with _connection(dsn, "pgqueuer enqueue") as queries:
+            async with _connection(dsn, "suite pgqueuer enqueue") as queries:
                 ids = await queries.enqueue(ENTRYPOINT, body)
             return str(ids[0])
         return run(go)
@@ -54,7 +56,7 @@ class PgQueuerQueue(Peer):
 
         from ._peers import tagged
 
-        with psycopg.connect(tagged(dsn, "pgqueuer states")) as conn:
+        with psycopg.connect(tagged(dsn, "suite pgqueuer states")) as conn:
             # Last log row per job first, then the live queue table overrides it.
             logged = conn.execute(
                 "select distinct on (job_id) job_id, status::text from pgqueuer_log"
@@ -90,7 +92,7 @@ async def worker(args: Any) -> None:
 
     from .. import bodies
 
-    conn = await asyncpg.connect(url(args.dsn, "pgqueuer worker"))
+    conn = await asyncpg.connect(url(args.dsn, "check pgqueuer worker"))
     pgq = PgQueuer(AsyncpgDriver(conn))
     recommended = args.setting == "recommended"
     options: dict[str, Any] = {}
@@ -105,7 +107,13 @@ async def worker(args: Any) -> None:
         await bodies.run_async(args.history, d["kind"], job.id, attempt=job.attempts + 1,
                                tenant=d.get("tenant"), payload=d.get("payload"))
 
-    run_options: dict[str, Any] = {"heartbeat_timeout": timedelta(seconds=args.lease)} if recommended else {}
+    run_options: dict[str, Any] = {}
+    if recommended:
+        # A stale job is re-picked only by a dequeue, and an idle worker dequeues on a NOTIFY
+        # or every dequeue_timeout (30 s): without it, heartbeat_timeout alone changes nothing
+        # (measured: re-picks 31 s apart with heartbeat_timeout = 2 s).
+        run_options = {"heartbeat_timeout": timedelta(seconds=args.lease),
+                       "dequeue_timeout": timedelta(seconds=args.lease)}
     await pgq.run(**run_options)
 
 
@@ -118,20 +126,22 @@ def rows() -> list[Peer]:
              "executor": f"{DOCS}/guides/custom-executors/",
              "on_failure": f"{DOCS}/guides/hold-failed-jobs/",
              "heartbeat_timeout": f"{DOCS}/guides/heartbeat/",
+             "dequeue_timeout": f"{DOCS}/guides/reliability/#worker-crash-recovery-stalled-jobs",
              "batch_size": f"{DOCS}/guides/performance-tuning/"}
     return [
         PgQueuerQueue(
             name="pgqueuer", setting="default", distribution="pgqueuer",
             settings={"driver": "asyncpg (AsyncpgDriver)", "executor": "EntrypointExecutor "
                       "(no retry)", "on_failure": "delete", "heartbeat_timeout": "30 s",
-                      "batch_size": 10},
+                      "dequeue_timeout": "30 s", "batch_size": 10},
             links=links, promises=promises, install_hint=hint),
         PgQueuerQueue(
             name="pgqueuer", setting="recommended", distribution="pgqueuer",
             settings={"driver": "asyncpg (AsyncpgDriver)",
                       "executor": "DatabaseRetryEntrypointExecutor(max_attempts=max_attempts-1)"
                                   " (backoff 1 s, x2)",
-                      "on_failure": "hold", "heartbeat_timeout": "lease", "batch_size": 10},
+                      "on_failure": "hold", "heartbeat_timeout": "lease",
+                      "dequeue_timeout": "lease", "batch_size": 10},
             links=links, promises=promises, install_hint=hint),
     ]
 

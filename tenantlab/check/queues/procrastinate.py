@@ -52,7 +52,7 @@ class Procrastinate(Peer):
     def states(self, dsn: str) -> dict[str, State]:
         import psycopg
 
-        with psycopg.connect(tagged(dsn, "procrastinate states")) as conn:
+        with psycopg.connect(tagged(dsn, "suite procrastinate states")) as conn:
             rows = conn.execute("select id, status::text from procrastinate_jobs").fetchall()
         return {str(i): STATES.get(s, "running") for i, s in rows}
 
@@ -61,7 +61,7 @@ def _app(dsn: str, role: str) -> Any:
     import procrastinate
 
     return procrastinate.App(connector=procrastinate.PsycopgConnector(
-        conninfo=tagged(dsn, f"procrastinate {role}")))
+        conninfo=tagged(dsn, f"suite procrastinate {role}")))
 
 
 def retry_value(setting: str, max_attempts: int, given: str | None) -> Any:
@@ -91,7 +91,7 @@ async def worker(args: Any) -> None:
     from .. import bodies
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(
-        conninfo=tagged(args.dsn, "procrastinate worker")))
+        conninfo=tagged(args.dsn, "check procrastinate worker")))
 
     @app.task(name=TASK, pass_context=True,
               retry=retry_value(args.setting, args.max_attempts, args.retry))
@@ -110,7 +110,7 @@ async def sweep(args: Any) -> None:
     import procrastinate
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(
-        conninfo=tagged(args.dsn, "procrastinate maintenance")))
+        conninfo=tagged(args.dsn, "check procrastinate maintenance")))
     async with app.open_async():
         while True:
             for job in await app.job_manager.get_stalled_jobs(seconds_since_heartbeat=args.lease):
