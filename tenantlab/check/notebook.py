@@ -20,7 +20,7 @@ from . import runner
 from .adapter import Adapter, Options, rows
 from .checks import OVERLAP_NOISE, Result, Trial
 from .matrix import applies, columns, marks, star
-from .scenarios import SCENARIOS
+from .scenarios import MEASURED, SCENARIOS
 
 STORED = Path(__file__).resolve().parents[2] / "docs" / "check.json"
 OVERLAP = "#000000"
@@ -46,13 +46,21 @@ def caption(result: dict[str, Any]) -> str:
 
 
 def stored(result: dict[str, Any] | None = None) -> pd.DataFrame:
-    """Return the matrix as a table: one row per queue × setting, one column per scenario."""
+    """Return the judged part of the matrix: one row per queue × setting, one column per
+    scenario (``measured()`` has the rest)."""
     result = result or load()
-    cols = columns(result)
-    return pd.DataFrame([{"queue": r["queue"], "setting": star(r["setting"]),
-                          "version": r["version"] or "not installed", **{c: m.get(c, "")
-                                                                         for c in cols}}
-                         for r, m in marks(result)])
+    cols = [c for c in columns(result) if c not in MEASURED]
+    return pd.DataFrame([{"row": f"{r['queue']} {star(r['setting'])}",
+                          **{c: m.get(c, "") for c in cols}} for r, m in marks(result)])
+
+
+def measured(result: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Return the measured columns (wake, throughput) with each row's version."""
+    result = result or load()
+    cols = [c for c in columns(result) if c in MEASURED]
+    return pd.DataFrame([{"row": f"{r['queue']} {star(r['setting'])}",
+                          "version": r["version"] or "not installed",
+                          **{c: m.get(c, "") for c in cols}} for r, m in marks(result)])
 
 
 def witnesses(result: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -65,11 +73,18 @@ def witnesses(result: dict[str, Any] | None = None) -> pd.DataFrame:
 
 
 def promises(result: dict[str, Any] | None = None) -> pd.DataFrame:
-    """Return what each row's docs promise, and what it sets."""
+    """Return what each row's docs promise."""
     result = result or load()
-    return pd.DataFrame([{"row": f"{r['queue']} {star(r['setting'])}", "promises": r["promises"],
-                          "settings": "; ".join(f"{k}: {v}" for k, v in r["settings"].items())}
+    return pd.DataFrame([{"row": f"{r['queue']} {star(r['setting'])}", "promises": r["promises"]}
                          for r in result["rows"]])
+
+
+def settings(result: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Return what each row sets, one line per setting."""
+    result = result or load()
+    return pd.DataFrame([{"row": f"{r['queue']} {star(r['setting'])}", "setting": k,
+                          "value": str(v)} for r in result["rows"] for k, v in r["settings"].items()],
+                        columns=["row", "setting", "value"])
 
 
 def available() -> list[tuple[str, str]]:
