@@ -137,8 +137,8 @@ def _not_terminal(trial: Trial, jobs: list[str] | None) -> list[tuple[str, str]]
         attempts = [e.attempt for e in runs if e.attempt is not None]
         past = (f", attempt {max(attempts)} past max_attempts {trial.max_attempts}"
                 if attempts and max(attempts) > trial.max_attempts else "")
-        out.append((f"job {job} ({trial.kind(job)}) {ran}{past} and was still {state} when "
-                    f"the bound of {trial.bound:g} s had passed", job))
+        out.append((f"job {job} ({trial.kind(job)}) {ran}{past}; the table still said {state} "
+                    f"when the bound of {trial.bound:g} s had passed", job))
     return out
 
 
