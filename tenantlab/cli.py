@@ -178,6 +178,49 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_check_command(sub: argparse._SubParsersAction) -> None:
+    """Add ``check``: every failure mode run against each queue, one matrix with evidence."""
+    from .check.scenarios import SCENARIOS
+
+    ck = sub.add_parser("check", help="run the failure modes against queue libraries: one "
+                                      "matrix, a witness under every ✗")
+    ck.add_argument("--queue", action="append", default=None, metavar="Q",
+                    help="a queue to check (repeatable; default: every one): naive, jobqueue, "
+                         "procrastinate, pgqueuer, awa, or an entry point's name")
+    ck.add_argument("--scenario", action="append", default=None, metavar="S",
+                    choices=list(SCENARIOS),
+                    help=f"a scenario (repeatable; default: all): {', '.join(SCENARIOS)}")
+    ck.add_argument("--runs", type=count("runs", most=20), default=1, metavar="N",
+                    help="runs per cell: ✗ k of N (1 to 20; default 1)")
+    ck.add_argument("--json", metavar="FILE", type=validate.output_file,
+                    help="write the matrix as JSON")
+    ck.add_argument("--html", metavar="FILE", type=validate.output_file,
+                    help="write the matrix as one offline HTML page")
+    ck.set_defaults(func=cmd_check)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .check import adapter, matrix
+
+    if args.queue:
+        known = {a.name for a in adapter.rows()}
+        unknown = [q for q in args.queue if q not in known]
+        if unknown:
+            print(f"tenantlab check: unknown queue {', '.join(unknown)}; valid: "
+                  f"{', '.join(sorted(known))}", file=sys.stderr)
+            return 2
+    with db.server_session():  # the embedded server, started (and stopped) here if need be
+        result = matrix.run(args.queue, args.scenario, args.runs, progress=matrix.stderr)
+    print(matrix.table(result))
+    if args.json:
+        matrix.write_json(result, args.json)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.html:
+        matrix.write_html(result, args.html)
+        print(f"wrote {args.html}", file=sys.stderr)
+    return 0
+
+
 def cmd_uninstall(args: argparse.Namespace) -> int:
     dsn = db.admin_dsn()
     host = conninfo_to_dict(dsn).get("host", "")
@@ -244,6 +287,8 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--report", metavar="FILE", type=validate.output_file,
                      help="write one HTML page with claims, measurements, verdicts and charts")
     rep.set_defaults(func=cmd_reproduce)
+
+    add_check_command(sub)  # check: failure modes against queue libraries (issue 20)
 
     un = sub.add_parser("uninstall", help="remove the kit's databases and roles from the server")
     un.add_argument("--yes", action="store_true", help="remove them (without: only list them)")

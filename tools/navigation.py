@@ -53,7 +53,8 @@ def contents_cell(paths: list[Path], titles: dict[Path, str], findings: dict[Pat
 FINDINGS = {"00": "set-up", "01": "`leak`", "02": "`reset`", "03": "`poison`", "04": "`crash`",
             "05": "`overrun`", "06": "`vacuum`", "07": "`horizon`", "08": "`rls-jobs`",
             "09": "all of them, at once", "10": "`vanish`, `restart`",
-            "11": "`workers`, `noisy-neighbour`", "12": "`pgbouncer`"}
+            "11": "`workers`, `noisy-neighbour`", "12": "`pgbouncer`",
+            "13": "`tenantlab check`: every failure mode, against queue libraries"}
 
 
 def update(paths: list[Path]) -> dict[Path, nbformat.NotebookNode]:

@@ -1,0 +1,54 @@
+"""What the kit's two queues share as adapters: their tables, the bodies as handlers.
+
+Both run on the kit's own schema (``jobqueue.jobs``, present in every database cloned from the
+template), so ``install`` has nothing to do; workers log in as the ordinary worker role.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import psycopg
+
+from ... import db
+from ...jobqueue import Claim, enqueue
+from ...worker import worker_dsn
+from .. import bodies
+from ..adapter import Options, State
+
+#: The kit's statuses are the suite's (a job waiting for its retry is ``queued``).
+STATES: dict[str, State] = {"queued": "queued", "running": "running", "done": "done",
+                            "dead": "dead", "failed": "failed"}
+
+
+def install(dsn: str) -> None:
+    """Nothing to do: the template's clone already holds the queue's tables."""
+
+
+def add(dsn: str, kind: str, tenant: int, payload: dict[str, Any], options: Options) -> str:
+    with db.connect(dsn, "suite enqueue", autocommit=True) as conn:
+        return str(enqueue(conn, kind, tenant=tenant, payload=payload,
+                           max_attempts=options.max_attempts))
+
+
+def states(dsn: str) -> dict[str, State]:
+    with db.connect(dsn, "suite states", autocommit=True) as conn:
+        rows = conn.execute("select id::text, status from jobqueue.jobs").fetchall()
+    return {job: STATES.get(status, "queued") for job, status in rows}
+
+
+def python(module: str, dsn: str, history: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, "--dsn", worker_dsn(dsn), "--history", history, *args]
+
+
+def work(history: str, conn: psycopg.Connection, job: Claim) -> None:
+    """Run the suite's body for a claimed job on the job's own connection."""
+    seen = None
+    if job.kind == "tenant":
+        seen = conn.execute("select current_setting('app.tenant', true)").fetchone()[0]  # type: ignore[index]
+    bodies.run(history, job.kind, job.id, attempt=job.attempt, tenant=job.tenant_id,
+               payload=job.payload, seen_tenant=seen)
+    if job.kind == "tenant" and job.payload.get("session"):
+        # The session form, as a careless per-job hook would set it.
+        conn.execute("select set_config('app.tenant', %s, false)", (str(job.tenant_id),))

@@ -1,0 +1,95 @@
+"""The kit's corrected worker (``tenantlab.jobqueue``) with its defaults, as a checked row.
+
+The scenario's lease (2 s) replaces the default 30 s; everything else is the default: the
+heartbeat every third of the lease, fenced start and finish, backoff, and the reaper every
+second with its grace equal to the lease (the defaults are 30 s and 30 s). Its worker process is
+``python -m tenantlab.jobqueue worker`` with this module's handlers, which run the suite's
+bodies: ``python -m tenantlab.check.queues.jobqueue --dsn DSN --history FILE [worker flags]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from ... import __version__
+from ...jobqueue import Claim, Handlers
+from ...jobqueue import cli as jobqueue_cli
+from ...worker import worker_dsn
+from .. import bodies
+from ..adapter import Adapter, Options, Setting, State
+from . import _kit
+
+#: The history file, from main() to the handlers (this module runs as __main__, and the worker
+#: imports it again by name for its handlers).
+HISTORY = "TENANTLAB_CHECK_HISTORY"
+handlers = Handlers()
+MODULE = "tenantlab.check.queues.jobqueue"
+
+
+def _body(conn: psycopg.Connection, job: Claim) -> None:
+    _kit.work(os.environ[HISTORY], conn, job)
+
+
+for _kind in bodies.KINDS:
+    handlers.add(_kind, _body)
+
+
+@dataclass
+class JobQueue:
+    name: str = "jobqueue"
+    setting: Setting = "default"
+    settings: dict[str, Any] = field(default_factory=lambda: {
+        "lease": "the scenario's (2 s; default 30 s)", "heartbeat": "a third of the lease (default)",
+        "fence": "on (always)", "reaper": "reap --loop 1 --grace <lease> (default grace = lease)"})
+    links: dict[str, str] = field(default_factory=lambda: {
+        "heartbeat": "notebooks/05-lease-overrun.ipynb",
+        "reaper": "notebooks/04-worker-crash.ipynb"})
+    promises: str = ("every attempt counted before work; a job runs again only after a fault; "
+                     "a late finish is fenced out; exhausted jobs are reaped dead")
+    install_hint: str = "part of tenantlab"
+    features: frozenset[str] = frozenset({"tenant-hook", "attempts"})
+
+    def version(self) -> str | None:
+        return f"tenantlab {__version__}"
+
+    def install(self, dsn: str) -> None:
+        _kit.install(dsn)
+
+    def enqueue(self, dsn: str, kind: str, tenant: int, payload: dict[str, Any],
+                options: Options) -> str:
+        return _kit.add(dsn, kind, tenant, payload, options)
+
+    def worker_command(self, dsn: str, history: str, options: Options) -> list[str]:
+        return _kit.python(MODULE, dsn, history, "--lease", str(options.lease),
+                           "--poll", str(options.poll))
+
+    def maintenance_command(self, dsn: str, options: Options) -> list[str] | None:
+        return [sys.executable, "-m", "tenantlab.jobqueue", "reap", "--dsn", worker_dsn(dsn),
+                "--loop", "1", "--grace", str(options.lease)]
+
+    def states(self, dsn: str) -> dict[str, State]:
+        return _kit.states(dsn)
+
+
+def rows() -> list[Adapter]:
+    return [JobQueue()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    p.add_argument("--dsn", required=True)
+    p.add_argument("--history", required=True)
+    args, rest = p.parse_known_args(argv)
+    os.environ[HISTORY] = args.history
+    return jobqueue_cli.main(["worker", "--dsn", args.dsn, "--handlers", f"{MODULE}:handlers",
+                              *rest])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""The kit's single-transaction queue (``tenantlab.queue.SingleTransaction``) as a checked row.
+
+Claim ``FOR UPDATE SKIP LOCKED``, set the tenant locally, work, finish: one transaction. Its
+worker process is the production loop (reconnects, LISTEN) with this design, running the
+suite's bodies: ``python -m tenantlab.check.queues.naive --dsn DSN --history FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from ... import __version__
+from ...jobqueue import Outcome, Worker, WorkerOptions
+from ...jobqueue.worker import stop_on_signals
+from ...queue import SingleTransaction
+from ..adapter import Adapter, Options, Setting, State
+from . import _kit
+
+
+class Bodies(SingleTransaction):
+    """The single-transaction design whose work is the suite's body."""
+
+    def __init__(self, history: str) -> None:
+        super().__init__()
+        self.history = history
+
+    def run_one(self, conn: psycopg.Connection, work: Any = None, **kw: Any) -> Outcome | None:
+        return super().run_one(conn, functools.partial(_kit.work, self.history), **kw)
+
+
+@dataclass
+class Naive:
+    name: str = "naive"
+    setting: Setting = "default"
+    settings: dict[str, Any] = field(default_factory=lambda: {
+        "design": "SingleTransaction()", "error handler": "none (the design's default)"})
+    links: dict[str, str] = field(default_factory=lambda: {
+        "design": "notebooks/03-poison-pill.ipynb"})
+    promises: str = ("the row lock is the claim: a job runs once at a time; "
+                     "a failure rolls back with the work")
+    install_hint: str = "part of tenantlab"
+    features: frozenset[str] = frozenset({"tenant-hook", "attempts"})
+
+    def version(self) -> str | None:
+        return f"tenantlab {__version__}"
+
+    def install(self, dsn: str) -> None:
+        _kit.install(dsn)
+
+    def enqueue(self, dsn: str, kind: str, tenant: int, payload: dict[str, Any],
+                options: Options) -> str:
+        return _kit.add(dsn, kind, tenant, payload, options)
+
+    def worker_command(self, dsn: str, history: str, options: Options) -> list[str]:
+        return _kit.python("tenantlab.check.queues.naive", dsn, history, "--poll", str(options.poll))
+
+    def maintenance_command(self, dsn: str, options: Options) -> list[str] | None:
+        return None
+
+    def states(self, dsn: str) -> dict[str, State]:
+        return _kit.states(dsn)
+
+
+def rows() -> list[Adapter]:
+    return [Naive()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    p.add_argument("--dsn", required=True)
+    p.add_argument("--history", required=True)
+    p.add_argument("--poll", type=float, default=0.2)
+    args = p.parse_args(argv)
+    worker = Worker(args.dsn, WorkerOptions(poll=args.poll), queue=Bodies(args.history))
+    stop_on_signals(worker)
+    worker.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""The scenarios: each an id, one property, a bound, a script that drives it, and a checker.
+
+The script says who does what (the suite enqueues, freezes, restarts); the checker
+(``checks.py``) judges what was seen. Bounds are short (the lease is 2 s) so the whole matrix
+runs in minutes; a job not final when its bound has passed is a failure, whatever the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import checks
+from .checks import Result, Trial
+
+#: Scenarios whose cell is a number, not a verdict.
+MEASURED = ("wake", "throughput")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    property: str
+    bound: float
+    script: Callable[[Any], None]
+    checker: Callable[[Trial], Result]
+    workers: int = 1
+    restart: bool = False      # the suite restarts workers that end
+    cluster: bool = False      # a throwaway cluster of its own (it gets restarted)
+    pooler: bool = False       # workers reach the database through PgBouncer
+    feature: str | None = None  # needs this adapter feature, else n/a
+    queue_first: bool = False  # the script queues everything before the workers start
+
+
+def _first_run(ctx: Any, job: str) -> Any:
+    return next((e for e in ctx.executions() if e.job == job), None)
+
+
+def poison(ctx: Any) -> None:
+    ctx.enqueue("poison")
+    ctx.enqueue("ok")
+
+
+def crash(ctx: Any) -> None:
+    ctx.enqueue("crash")
+    ctx.enqueue("ok")
+
+
+def overrun(ctx: Any) -> None:
+    seconds = 2.5 * ctx.options.lease
+    ctx.enqueue("sleep", seconds=seconds)
+    ctx.enqueue("block", seconds=seconds)
+
+
+def late_finish(ctx: Any) -> None:
+    lease = ctx.options.lease
+    job = ctx.enqueue("sleep", seconds=2.5 * lease)
+    if not ctx.wait(ctx.trial.bound / 2, until=lambda: _first_run(ctx, job.id) is not None):
+        return
+    first = _first_run(ctx, job.id)
+    ctx.wait(0.5)
+    ctx.freeze(first.pid)
+    frozen = ctx.trial.faults[-1].t
+    # Frozen until another worker has taken the job over (or for four leases): its body's
+    # deadline passes meanwhile, so once thawed it finishes while the new owner still runs.
+    ctx.wait(4 * lease, until=lambda: sum(e.job == job.id for e in ctx.executions()) > 1)
+    ctx.thaw(first.pid)
+    ctx.trial.notes["frozen_s"] = round(ctx.trial.faults[-1].t - frozen, 1)
+
+
+def restart(ctx: Any) -> None:
+    jobs = [ctx.enqueue("sleep", tenant=1 + i % 10, seconds=0.3) for i in range(16)]
+    ids = {j.id for j in jobs}
+    ctx.wait(5, until=lambda: sum(e.end is not None and e.job in ids
+                                  for e in ctx.executions()) >= 3)
+    ctx.restart_server()
+
+
+def terminate(ctx: Any) -> None:
+    for i in range(8):
+        ctx.enqueue("sleep", tenant=1 + i, seconds=0.6)
+    ctx.wait(5, until=lambda: any(e.end is None for e in ctx.executions()))
+    ctx.trial.notes["sessions_terminated"] = len(ctx.terminate_sessions())
+
+
+def tenant_leak(ctx: Any) -> None:
+    # The first job sets its tenant in the session form, as a careless hook would.
+    ctx.enqueue("tenant", tenant=7, session=True)
+    ctx.enqueue("tenant", tenant=8)
+    ctx.enqueue("tenant", tenant=9)
+
+
+def pgbouncer(ctx: Any) -> None:
+    for i in range(10):
+        ctx.enqueue("ok", tenant=1 + i)
+    ctx.enqueue("sleep", tenant=11, seconds=0.5)
+    ctx.enqueue("sleep", tenant=12, seconds=0.5)
+
+
+def wake(ctx: Any) -> None:
+    warm = ctx.enqueue("ok")
+    ctx.wait(5, until=lambda: ctx.states.get(warm.id) == "done")
+    for _ in range(5):
+        ctx.wait(0.7)  # idle: the worker is waiting, not working
+        probe = ctx.enqueue("ok", probe=True)
+        ctx.wait(2, until=lambda probe=probe: _first_run(ctx, probe.id) is not None)
+
+
+def throughput(ctx: Any) -> None:
+    # Queued before the workers start: what is measured is the workers, not the enqueues.
+    for i in range(100):
+        ctx.enqueue("ok", tenant=1 + i % 100)
+
+
+SCENARIOS: dict[str, Scenario] = {s.id: s for s in [
+    Scenario("poison", "a job that fails every attempt is final within the bound, and the job "
+             "behind it runs", 10, poison, checks.check_poison),
+    Scenario("crash", "a job that kills its worker is final within the bound, after a bounded "
+             "number of executions (the suite restarts killed workers)", 20, crash,
+             checks.check_crash, restart=True),
+    Scenario("overrun", "a job 2.5 leases long, with a yielding and a blocking body, never runs "
+             "twice at once", 20, overrun, checks.check_overrun, workers=3),
+    Scenario("late-finish", "a worker frozen past its lease and resumed after a takeover does "
+             "not finish the job over its new owner", 20, late_finish, checks.check_late_finish,
+             workers=2),
+    Scenario("restart", "an immediate PostgreSQL restart under load loses no job, runs none "
+             "twice at once, and no worker exits", 20, restart, checks.check_restart, workers=2,
+             cluster=True),
+    Scenario("terminate", "pg_terminate_backend on the workers' sessions mid-job: they recover "
+             "without a process restart, no job lost", 15, terminate, checks.check_terminate,
+             workers=2),
+    Scenario("tenant-leak", "a tenant one job set in the session form does not reach the next "
+             "job", 10, tenant_leak, checks.check_tenant_leak, feature="tenant-hook"),
+    Scenario("pgbouncer", "every job through PgBouncer in transaction mode: all done, none "
+             "twice at once, no worker exits", 15, pgbouncer, checks.check_pgbouncer, workers=2,
+             pooler=True),
+    Scenario("wake", "measured: from an idle enqueue to the body's start", 15, wake,
+             checks.check_wake),
+    Scenario("throughput", "measured: 100 short jobs queued, then two workers: jobs per second "
+             "from the first start to the last end", 30, throughput, checks.check_throughput,
+             workers=2, queue_first=True),
+]}
+
+
+def unknown(names: list[str]) -> list[str]:
+    return [n for n in names if n not in SCENARIOS]
