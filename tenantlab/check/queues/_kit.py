@@ -7,19 +7,50 @@ template), so ``install`` has nothing to do; workers log in as the ordinary work
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
-from ... import db
+from ... import __version__, db
 from ...jobqueue import Claim, enqueue
 from ...worker import worker_dsn
 from .. import bodies
-from ..adapter import Options, State
+from ..adapter import Options, Setting, State
 
 #: The kit's statuses are the suite's (a job waiting for its retry is ``queued``).
 STATES: dict[str, State] = {"queued": "queued", "running": "running", "done": "done",
-                            "dead": "dead", "failed": "failed"}
+                            "dead": "dead", "failed": "failed", "cancelled": "dead"}
+
+
+@dataclass
+class KitRow:
+    """A row of the kit's own queues: what naive and jobqueue share (the tables, the version,
+    enqueue and states); each adds its settings, promises and worker command."""
+
+    name: str = ""
+    setting: Setting = "default"
+    settings: dict[str, Any] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    promises: str = ""
+    install_hint: str = "part of tenantlab"
+    features: frozenset[str] = frozenset({"tenant-hook", "attempts"})
+
+    def version(self) -> str | None:
+        return f"tenantlab {__version__}"
+
+    def install(self, dsn: str) -> None:
+        install(dsn)
+
+    def enqueue(self, dsn: str, kind: str, tenant: int, payload: dict[str, Any],
+                options: Options) -> str:
+        return add(dsn, kind, tenant, payload, options)
+
+    def maintenance_command(self, dsn: str, options: Options) -> list[str] | None:
+        return None
+
+    def states(self, dsn: str) -> dict[str, State]:
+        return states(dsn)
 
 
 def install(dsn: str) -> None:

@@ -17,12 +17,11 @@ from typing import Any
 
 import psycopg
 
-from ... import __version__
 from ...jobqueue import Claim, Handlers
 from ...jobqueue import cli as jobqueue_cli
 from ...worker import worker_dsn
 from .. import bodies
-from ..adapter import Adapter, Options, Setting, State
+from ..adapter import Adapter, Options
 from . import _kit
 
 #: The history file, from main() to the handlers (this module runs as __main__, and the worker
@@ -41,9 +40,8 @@ for _kind in bodies.KINDS:
 
 
 @dataclass
-class JobQueue:
+class JobQueue(_kit.KitRow):
     name: str = "jobqueue"
-    setting: Setting = "default"
     settings: dict[str, Any] = field(default_factory=lambda: {
         "lease": "the scenario's (2 s; default 30 s)", "heartbeat": "a third of the lease (default)",
         "fence": "on (always)", "reaper": "reap --loop 1 --grace <lease> (default grace = lease)"})
@@ -52,18 +50,6 @@ class JobQueue:
         "reaper": "notebooks/04-worker-crash.ipynb"})
     promises: str = ("every attempt counted before work; a job runs again only after a fault; "
                      "a late finish is fenced out; exhausted jobs are reaped dead")
-    install_hint: str = "part of tenantlab"
-    features: frozenset[str] = frozenset({"tenant-hook", "attempts"})
-
-    def version(self) -> str | None:
-        return f"tenantlab {__version__}"
-
-    def install(self, dsn: str) -> None:
-        _kit.install(dsn)
-
-    def enqueue(self, dsn: str, kind: str, tenant: int, payload: dict[str, Any],
-                options: Options) -> str:
-        return _kit.add(dsn, kind, tenant, payload, options)
 
     def worker_command(self, dsn: str, history: str, options: Options) -> list[str]:
         return _kit.python(MODULE, dsn, history, "--lease", str(options.lease),
@@ -72,9 +58,6 @@ class JobQueue:
     def maintenance_command(self, dsn: str, options: Options) -> list[str] | None:
         return [sys.executable, "-m", "tenantlab.jobqueue", "reap", "--dsn", worker_dsn(dsn),
                 "--loop", "1", "--grace", str(options.lease)]
-
-    def states(self, dsn: str) -> dict[str, State]:
-        return _kit.states(dsn)
 
 
 def rows() -> list[Adapter]:

@@ -14,11 +14,10 @@ from typing import Any
 
 import psycopg
 
-from ... import __version__
 from ...jobqueue import Outcome, Worker, WorkerOptions
 from ...jobqueue.worker import stop_on_signals
 from ...queue import SingleTransaction
-from ..adapter import Adapter, Options, Setting, State
+from ..adapter import Adapter, Options
 from . import _kit
 
 
@@ -34,36 +33,17 @@ class Bodies(SingleTransaction):
 
 
 @dataclass
-class Naive:
+class Naive(_kit.KitRow):
     name: str = "naive"
-    setting: Setting = "default"
     settings: dict[str, Any] = field(default_factory=lambda: {
         "design": "SingleTransaction()", "error handler": "none (the design's default)"})
     links: dict[str, str] = field(default_factory=lambda: {
         "design": "notebooks/03-poison-pill.ipynb"})
     promises: str = ("the row lock is the claim: a job runs once at a time; "
                      "a failure rolls back with the work")
-    install_hint: str = "part of tenantlab"
-    features: frozenset[str] = frozenset({"tenant-hook", "attempts"})
-
-    def version(self) -> str | None:
-        return f"tenantlab {__version__}"
-
-    def install(self, dsn: str) -> None:
-        _kit.install(dsn)
-
-    def enqueue(self, dsn: str, kind: str, tenant: int, payload: dict[str, Any],
-                options: Options) -> str:
-        return _kit.add(dsn, kind, tenant, payload, options)
 
     def worker_command(self, dsn: str, history: str, options: Options) -> list[str]:
         return _kit.python("tenantlab.check.queues.naive", dsn, history, "--poll", str(options.poll))
-
-    def maintenance_command(self, dsn: str, options: Options) -> list[str] | None:
-        return None
-
-    def states(self, dsn: str) -> dict[str, State]:
-        return _kit.states(dsn)
 
 
 def rows() -> list[Adapter]:
