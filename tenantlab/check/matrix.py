@@ -105,7 +105,7 @@ def run(queues: list[str] | None = None, scenarios: list[str] | None = None, run
                 c = row["scenarios"][s.id] = cell(a, s, runs, options, template)
                 if progress:
                     progress(f"[{done}/{total}] {a.name} {star(a.setting)} {s.id}: "
-                             f"{mark(c, s.id)} ({_secs(c)} s)")
+                             f"{mark(c, s.id)} ({_secs(c):.1f} s)")
         out["rows"].append(row)
     out["seconds"] = round(time.monotonic() - started, 1)
     return out
