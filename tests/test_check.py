@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tenantlab import db
-from tenantlab.check import checks, matrix, runner
+from tenantlab.check import adapter, checks, matrix, runner
 from tenantlab.check.adapter import Options
 from tenantlab.check.checks import Fault, Job, Trial
 from tenantlab.check.history import Execution
@@ -222,6 +222,21 @@ def test_live_naive_fails_and_jobqueue_passes(name: str, admin_dsn: str) -> None
     assert any("the table still said queued when the bound" in w for w in bad.witness)
     good = scenario.checker(runner.run(jobqueue.JobQueue(), scenario, options=FAST, dsn=admin_dsn))
     assert good.result == "pass", good
+    assert _leftovers(admin_dsn) == ([], [], [])
+
+
+@pytest.mark.parametrize("peer", ["procrastinate", "pgqueuer", "awa"])
+def test_live_a_peer_with_its_defaults_leaves_a_crashed_job_unfinished(peer: str,
+                                                                       admin_dsn: str) -> None:
+    """Issue 20's headline, live: with its defaults each peer leaves a job that killed its
+    worker unfinished past the bound (procrastinate 'doing' for ever, PgQueuer re-picks it after
+    about 31 s, awa rescues it after about 90 s), where jobqueue made it final (the test above)."""
+    pytest.importorskip({"awa": "awa"}.get(peer, peer))
+    row = next(r for r in adapter.rows([peer]) if r.setting == "default")
+    scenario = dataclasses.replace(SCENARIOS["crash"], bound=9)
+    verdict = scenario.checker(runner.run(row, scenario, options=FAST, dsn=admin_dsn))
+    assert verdict.result == "fail", verdict
+    assert any("job 1" in w for w in verdict.witness), verdict.witness
     assert _leftovers(admin_dsn) == ([], [], [])
 
 
