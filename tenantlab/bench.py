@@ -154,8 +154,11 @@ def cpu_seconds() -> float:
 #: ``leased`` in the same round (``ratios``: ``<row>_vs_leased``, 1.0 = costs nothing): four
 #: priorities; two queues served by one worker; a unique key on every job. The jobs are queued
 #: by ``jobqueue.enqueue_many``, whose rate (one statement, ``enqueue_many``) is measured next
-#: to one ``enqueue`` per job in one transaction (``enqueue_one``).
+#: to one ``enqueue`` per job in one transaction (``enqueue_one``). ``leased_plain`` is their
+#: control: the same loop on jobs queued the same way, without queues, priorities or keys
+#: (``<row>_vs_plain``: what routing itself costs, the enqueue path and the table's state alike).
 ROUTING: dict[str, tuple[WorkerOptions, Callable[[int], dict[str, Any]]]] = {
+    "leased_plain": (LOOPS["leased"], lambda i: {}),
     "leased_priority": (LOOPS["leased"], lambda i: {"priority": i % 4}),
     "leased_queues": (replace(LOOPS["leased"], queues="default,other"),
                       lambda i: {"queue": "other" if i % 2 else "default"}),
@@ -198,6 +201,9 @@ def enqueue_rates(s: db.Scratch, jobs: int) -> dict[str, float]:
 
 def _routing_ratios(jps: dict[str, float]) -> dict[str, float]:
     out = {f"{name}_vs_leased": jps[name] / jps["leased"] for name in ROUTING if name in jps}
+    if "leased_plain" in jps:
+        out |= {f"{name}_vs_plain": jps[name] / jps["leased_plain"]
+                for name in ROUTING if name in jps and name != "leased_plain"}
     if "enqueue_many" in jps and "enqueue_one" in jps:
         out["enqueue_many_vs_one"] = jps["enqueue_many"] / jps["enqueue_one"]
     return {k: round(v, 3) for k, v in out.items()}
