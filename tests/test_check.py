@@ -260,3 +260,18 @@ def test_the_command_line_refuses_an_unknown_queue_or_scenario(capsys: pytest.Ca
     with pytest.raises(SystemExit) as e:
         main(["check", "--scenario", "nope"])
     assert e.value.code == 2 and "poison" in capsys.readouterr().err
+
+
+def test_notebook_13_runs_top_to_bottom(admin_dsn: str) -> None:
+    """The stored matrix, every row of it, and one live late-finish run with its verdict."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from notebooks import run_clean
+
+    nb, _ = run_clean("13-any-queue.ipynb", admin_dsn)
+    html = ["\n".join(o.get("data", {}).get("text/html", "") for o in c.get("outputs", []))
+            for c in nb.cells if c.cell_type == "code"]
+    stored = next(h for h in html if "poison" in h and "late-finish" in h and "pgqueuer" in h)
+    assert all(q in stored for q in ("naive", "jobqueue", "procrastinate", "pgqueuer", "awa"))
+    live = next(h for h in html if "late-finish" in h and "taken_over" in h)
+    assert "✗" in live or "✓" in live
+    assert _leftovers(admin_dsn) == ([], [], [])
