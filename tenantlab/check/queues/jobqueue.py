@@ -10,7 +10,6 @@ bodies: ``python -m tenantlab.check.queues.jobqueue --dsn DSN --history FILE [wo
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,15 +23,17 @@ from .. import bodies
 from ..adapter import Adapter, Options
 from . import _kit
 
-#: The history file, from main() to the handlers (this module runs as __main__, and the worker
-#: imports it again by name for its handlers).
-HISTORY = "TENANTLAB_CHECK_HISTORY"
+#: The history file, set by main() on this module as imported by name (it runs as __main__, and
+#: the worker imports it again by name for its handlers, in the same process).
+history: str | None = None
 handlers = Handlers()
 MODULE = "tenantlab.check.queues.jobqueue"
 
 
 def _body(conn: psycopg.Connection, job: Claim) -> None:
-    _kit.work(os.environ[HISTORY], conn, job)
+    if history is None:
+        raise RuntimeError("the suite's history file is not set: run this module's main()")
+    _kit.work(history, conn, job)
 
 
 for _kind in bodies.KINDS:
@@ -69,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dsn", required=True)
     p.add_argument("--history", required=True)
     args, rest = p.parse_known_args(argv)
-    os.environ[HISTORY] = args.history
+    from tenantlab.check.queues import jobqueue as by_name  # the module the worker imports
+
+    by_name.history = args.history
     return jobqueue_cli.main(["worker", "--dsn", args.dsn, "--handlers", f"{MODULE}:handlers",
                               *rest])
 
