@@ -2,7 +2,8 @@
 
 -- Run by tenantlab.exercises as admin, before and after a participant's answer ran: one line
 -- per fact the lessons rely on (policies, row security, grants, columns, constraints, functions,
--- triggers, the kit's roles). A line that differs afterwards is something the answer changed.
+-- triggers, rules, extensions; the cluster's roles, memberships, role and database settings,
+-- tablespaces). A line that differs afterwards is something the answer changed.
 -- name: exercise_rules
 select 'policy ' || polrelid::regclass || ' ' || polname || ' for ' || polcmd::text
        || ' to ' || polroles::regrole[]::text || ' using ' || coalesce(pg_get_expr(polqual, polrelid), '-')
@@ -41,20 +42,62 @@ union all
 select 'schema ' || nspname || ': ' || coalesce(nspacl::text, 'default')
   from pg_namespace where nspname in ('public', 'jobqueue')
 union all
+select 'rule ' || ev_class::regclass || ' ' || rulename
+  from pg_rewrite where rulename <> '_RETURN'
+union all
+select 'extension ' || extname from pg_extension
+union all
+-- The cluster: roles, their attributes and memberships, role and database settings. Other
+-- checks' own roles and scratch databases are left out (a room's checks come and go); this
+-- check's own (%(mine)s) are in.
 select 'role ' || rolname || ':' || case when rolsuper then ' superuser' else '' end
        || case when rolbypassrls then ' bypassrls' else '' end
        || case when rolcreaterole then ' createrole' else '' end
        || case when rolcreatedb then ' createdb' else '' end
+       || case when rolcanlogin then ' login' else '' end
        || ' member of ' || coalesce((select string_agg(pg_get_userbyid(m.roleid), ', ' order by 1)
-                                       from pg_auth_members m where m.member = r.oid), 'nothing')
-  from pg_roles r where rolname in ('tenantlab_worker', 'tenantlab_owner')
+                                       from pg_auth_members m
+                                      where m.member = r.oid
+                                        and pg_get_userbyid(m.roleid) !~ '^tenantlab_ex_'),
+                                    'nothing')
+  from pg_roles r
+ where rolname !~ '^tenantlab_ex_[0-9a-f]+_[wo]$' or rolname = any(%(mine)s::text[])
+union all
+select 'setting of role ' || coalesce(r.rolname, 'all') || ' in database '
+       || coalesce(d.datname, 'all') || ': ' || array_to_string(s.setconfig, ', ')
+  from pg_db_role_setting s
+  left join pg_roles r on r.oid = s.setrole
+  left join pg_database d on d.oid = s.setdatabase
+ where (r.rolname is null or r.rolname !~ '^tenantlab_ex_[0-9a-f]+_[wo]$'
+        or r.rolname = any(%(mine)s::text[]))
+   and (d.datname is null or d.datname = current_database()
+        or d.datname not like 'tenantlab\_%%\_%%\_%%')
+union all
+select 'database ' || datname || ': owner ' || pg_get_userbyid(datdba)
+       || ', ' || coalesce(datacl::text, 'default')
+  from pg_database
+ where datname = current_database() or datname not like 'tenantlab\_%%\_%%\_%%'
+union all
+select 'tablespace ' || spcname from pg_tablespace
 order by 1;
 
 -- Run by tenantlab.exercises as admin around each statement of an answer that claims or
 -- finishes: every job's state, to see which jobs the statement changed.
 -- name: exercise_jobs
-select id, tenant_id, kind, status, attempts, max_attempts, locked_until, run_after
+select id, tenant_id, kind, payload, status, attempts, max_attempts, locked_until, run_after,
+       coalesce(locked_until > clock_timestamp(), false) as leased
   from jobs order by id;
+
+-- Run by the exercises as admin to let time pass without waiting: the running jobs' leases
+-- run out now (the worker that held one died, or works past it).
+-- name: exercise_expire_leases
+update jobs set locked_until = clock_timestamp() - interval '1 millisecond'
+ where status = 'running' and locked_until > clock_timestamp();
+
+-- Run by the overrun exercise as admin: the job's attempts before the race (a job retried
+-- before), so that a finish that hard-codes an attempt number is seen.
+-- name: exercise_set_attempts
+update jobs set attempts = %(attempts)s, max_attempts = %(max_attempts)s where id = %(id)s;
 
 -- Run by the rls-jobs exercise as admin after the participant's migration: how row security
 -- stands on jobs, how many policies it has, and how many of them are FOR SELECT only.
@@ -63,3 +106,8 @@ select c.relrowsecurity, c.relforcerowsecurity,
        (select count(*) from pg_policy p where p.polrelid = c.oid),
        (select count(*) from pg_policy p where p.polrelid = c.oid and p.polcmd = 'r')
   from pg_class c where c.oid = 'jobs'::regclass;
+
+-- Run by the overrun exercise as admin: the queue's other jobs wait (not due for an hour), so
+-- that the race's claims take the run's job.
+-- name: exercise_hold_others
+update jobs set run_after = clock_timestamp() + interval '1 hour' where id <> %(id)s;

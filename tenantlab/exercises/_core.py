@@ -1,13 +1,14 @@
-"""Run a participant's answer safely, judge it with named checks, and show expected vs measured.
+"""Run a participant's answer in a sandbox, judge it by the database's state, show the result.
 
-An answer is SQL text. It runs in a scratch database of its own (dropped afterwards, also when
-the cell is interrupted), as the worker role (08's migration as the table owner, the only role
-that may change a policy), under a statement and a lock timeout; parameters (``%(tenant)s``,
-``%(id)s``, ...) are bound client-side as literals, so ``SET LOCAL app.tenant = %(tenant)s``
-works as well as ``set_config``. Before anything runs, words that would change the rules instead
-of the design (``grant``, ``role``, ``truncate``, a timeout, ...) are refused; afterwards the
-catalog facts (policies, row security, grants, columns, roles) are compared with before, and
-every claim or finish may change only the jobs it took.
+An answer is SQL text, and untrusted: it runs on a connection that logs in as a role made for
+this check, with only the worker role's grants (08: the owner of the jobs table), in a scratch
+database cloned for the check; both are dropped afterwards, also when the cell is interrupted
+(``_sandbox``). Parameters (``%(tenant)s``, ``%(id)s``, ...) are bound client-side as literals,
+so ``SET LOCAL app.tenant = %(tenant)s`` works as well as ``set_config``. The judge reads the
+outcome on its own admin connection: the jobs' states after each statement the answer ran,
+over several runs that vary the attempt numbers, the budgets, the positions and the tenants,
+never a count the answer returns. Afterwards the catalog facts (policies, row security,
+grants, columns, rules, roles, role and database settings) are compared with before.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,28 +27,25 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .. import db, settings
+from .. import settings
 from ..finding import OK, Check, check
 from ..queries import q
+from ._sandbox import Sandbox, sandbox
 
 log = logging.getLogger("tenantlab")
 
 NOT_YET = "not yet"
+COULD_NOT_CHECK = "could not check"
 #: Every statement of an answer stops after this long (a loop, a lock wait, a pg_sleep).
 STATEMENT_TIMEOUT_MS = 3000
 LOCK_TIMEOUT_MS = 1000
 OPTIONS = (f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS} "
            "-c idle_in_transaction_session_timeout=20000")
-
-#: Words no answer needs: each changes who may do what, or how long a statement may run.
-FORBIDDEN = ("grant", "revoke", "role", "authorization", "bypassrls", "superuser", "row_security",
-             "truncate", "copy", "delete", "statement_timeout", "lock_timeout",
-             "idle_in_transaction_session_timeout", "session_replication_role", "pg_sleep",
-             "pg_terminate_backend", "pg_cancel_backend", "dblink", "lo_import", "lo_export",
-             "pg_read_file", "pg_read_binary_file", "pg_ls_dir", "definer", "vacuum",
-             "execute", "language")
-#: Schema changes: only exercise 08's answer (a migration) may make some.
-DDL = ("drop", "alter", "create", "comment", "reindex", "cluster", "lock")
+#: The judge's admin sessions never evaluate an answer's policy as the admin: with row
+#: security off, a policy that would apply is an error instead (a superuser ignores policies).
+ADMIN_OPTIONS = "-c row_security=off"
+#: An answer longer than this is refused before anything runs (a pasted dump, a generated loop).
+MAX_ANSWER_BYTES = 1_000_000
 
 
 class AnswerFailed(Exception):
@@ -58,28 +56,51 @@ class AnswerFailed(Exception):
         self.constraint = constraint
 
 
+class Unusable(AnswerFailed):
+    """The kit could not check the answer: not text, not UTF-8, a NUL byte, a wrong shape."""
+
+
 class Refused(Exception):
-    """The answer changes the rules the check runs by (a grant, a policy, the jobs by hand)."""
+    """The answer changed the rules the check runs by (a grant, a policy, other jobs)."""
 
 
 def strip_comments(text: str) -> str:
-    """Return text without -- and /* */ comments (a comment may say 'role' freely)."""
+    """Return text without -- and /* */ comments."""
     return re.sub(r"--[^\n]*|/\*.*?\*/", " ", text, flags=re.S)
 
 
-def words(text: str) -> set[str]:
-    return {w.lower() for w in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", strip_comments(text))}
+def answer_text(answer: object) -> str:
+    """Return the answer as SQL text, or raise Unusable in one line (what was wrong, what to do).
+
+    A str, or what ``ex.solution()`` / ``ex.hint()`` return; a byte-order mark is dropped.
+    """
+    if hasattr(answer, "body") and isinstance(answer.body, str):  # a Text: ex.solution()
+        answer = answer.body
+    if isinstance(answer, bytes | bytearray):
+        answer = decode_answer(bytes(answer))
+    if not isinstance(answer, str):
+        raise Unusable(f"your answer is a {type(answer).__name__}, not text: write the SQL as a "
+                       'string, e.g. answer = """select ..."""')
+    if len(answer.encode("utf-8", "surrogatepass")) > MAX_ANSWER_BYTES:
+        raise Unusable(f"your answer is longer than {MAX_ANSWER_BYTES // 1_000_000} MB: an "
+                       "exercise's answer is a few statements")
+    if "\x00" in answer:
+        raise Unusable(f"your answer holds a NUL byte (character {answer.index(chr(0)) + 1}): "
+                       "PostgreSQL would cut the text there; save it as plain text")
+    return answer.removeprefix("\ufeff")
 
 
-def refuse_words(text: str, allowed: tuple[str, ...] = ()) -> None:
-    """Raise Refused when the answer names something only a change of the rules needs."""
-    found = sorted((words(text) & set(FORBIDDEN + DDL)) - set(allowed))
-    if re.search(r"\bdo\s*(\$|')", strip_comments(text), re.I):
-        found.insert(0, "do")
-    if found:
-        raise Refused(f"your answer uses {found[0].upper()}: the check runs your answer with "
-                      "the schema, the policies and the grants as they are, so the fix must "
-                      "work without changing them")
+def decode_answer(data: bytes) -> str:
+    """Return an answer file's text: UTF-8 with or without a byte-order mark; else Unusable."""
+    if len(data) > MAX_ANSWER_BYTES:
+        raise Unusable(f"the answer is {len(data):,} bytes, more than "
+                       f"{MAX_ANSWER_BYTES // 1_000_000} MB: an exercise's answer is a few "
+                       "statements")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise Unusable(f"the answer is not UTF-8 (byte 0x{data[e.start]:02x} at position "
+                       f"{e.start + 1}): save it as UTF-8") from None
 
 
 def one_line(e: BaseException) -> str:
@@ -94,7 +115,7 @@ def run_answer(conn: psycopg.Connection, text: str, params: dict[str, Any],
     Parameters are bound client-side (as literals): several statements may run at once.
     """
     cur: psycopg.Cursor[Any] = psycopg.ClientCursor(conn)
-    # The server's timeout, and a client-side one in case an answer found a way to lift it.
+    # The server's timeout, and a client-side one: an answer may lift its own.
     watchdog = threading.Timer(STATEMENT_TIMEOUT_MS / 1000 + 1, conn.cancel_safe)
     watchdog.daemon = True
     watchdog.start()
@@ -111,7 +132,10 @@ def run_answer(conn: psycopg.Connection, text: str, params: dict[str, Any],
     except psycopg.errors.SyntaxError as e:
         raise AnswerFailed(f"syntax error in {what}: {one_line(e)}") from e
     except psycopg.errors.InsufficientPrivilege as e:
-        raise AnswerFailed(f"{what} was refused: {one_line(e)} (it runs as the worker role)") from e
+        raise AnswerFailed(f"{what} was refused by the database: {one_line(e)} (it runs as a "
+                           "role with only the rights this exercise needs)") from e
+    except psycopg.OperationalError as e:
+        raise AnswerFailed(f"{what} ended its own connection: {one_line(e)}") from e
     except psycopg.Error as e:
         if e.sqlstate is None:  # psycopg's own: a parameter missing, a lone % in the text
             raise AnswerFailed(f"{what} uses a parameter it is not given: {one_line(e)} "
@@ -132,16 +156,24 @@ def rows_of(cur: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
 
 
 class Rules:
-    """The catalog facts before an answer ran; ``changed()`` names what differs afterwards."""
+    """The catalog facts before an answer ran; ``changed()`` names what differs afterwards.
 
-    def __init__(self, admin_dsn: str, may_change: tuple[str, ...] = ()) -> None:
-        self.dsn = admin_dsn
+    Facts of the scratch database (policies, row security, grants, columns, constraints,
+    functions, triggers, rules) and of the cluster (roles and memberships, role settings,
+    database settings), other checks' own roles and databases left out: on a server a room
+    shares, those come and go while this check runs.
+    """
+
+    def __init__(self, sb: Sandbox, may_change: tuple[str, ...] = ()) -> None:
+        self.sb = sb
         self.may_change = may_change
         self.before = self._facts()
 
     def _facts(self) -> set[str]:
-        with db.connect(self.dsn, "exercise rules", autocommit=True) as conn:
-            return {r[0] for r in conn.execute(q("exercise_rules"))
+        with self.sb.connect("admin", "exercise rules", autocommit=True,
+                             options=ADMIN_OPTIONS) as conn:
+            return {r[0] for r in conn.execute(q("exercise_rules"),
+                                               {"mine": list(self.sb.roles())})
                     if not r[0].startswith(self.may_change)}
 
     def changed(self) -> str | None:
@@ -153,7 +185,7 @@ class Rules:
 
 
 class Jobs:
-    """Every job's state as admin: which jobs did a statement change?"""
+    """Every job's state as admin: which jobs did a statement change, and how?"""
 
     def __init__(self, conn: psycopg.Connection) -> None:
         self.conn = conn
@@ -180,6 +212,57 @@ class Jobs:
     def state(self, job: int) -> dict[str, Any]:
         return self.last.get(job) or self.now()[job]
 
+    def claim(self, took: list[tuple[int, int]], what: str, committed: bool) -> str | None:
+        """Check what a claim did, by the table: return a nudge, or None when it did right.
+
+        A claim takes jobs that may run (not running under a live lease, not final), and
+        leaves each 'running', its attempts counted once, under a lease, the rest as it was;
+        it returns the attempt it counted. Read only once the claim committed (a claim in an
+        open transaction is judged by what happens to that transaction).
+        """
+        before = self.last
+        self.only({job for job, _ in took}, what)
+        for job, attempt in took:
+            old, new = before.get(job), self.last.get(job)
+            if old is None or new is None:
+                raise Unusable(f"{what} returned id {job}, which is no job in the queue: a "
+                               "claim returns the id of the job it took")
+            if old["status"] in ("done", "dead"):
+                return (f"{what} took job {job}, which was already {old['status']}: a claim "
+                        "takes only jobs that may still run")
+            if old["status"] == "running" and old["leased"]:
+                return (f"{what} took job {job} while another worker's lease on it still ran: "
+                        "a claim skips running jobs until their lease runs out")
+            if not committed:
+                continue
+            moved = [k for k in ("tenant_id", "kind", "max_attempts", "payload")
+                     if old[k] != new[k]]
+            if moved:
+                return (f"{what} changed job {job}'s {moved[0]}: a claim marks the job running, "
+                        "counts the attempt and sets the lease, nothing else")
+            if new["attempts"] != old["attempts"] + 1:
+                return (f"{what} moved job {job}'s attempts from {old['attempts']} to "
+                        f"{new['attempts']}: a claim counts one attempt (attempts + 1), so "
+                        "that every execution is counted once")
+            if new["status"] != "running":
+                return (f"{what} left job {job} '{new['status']}': does your claim mark the job "
+                        "'running', as the fenced fail and finish expect? (A final status is "
+                        "theirs to write, after the work.)")
+            if not new["leased"]:
+                return (f"{what} left job {job} running without a lease (locked_until): "
+                        "while it runs, another worker may take it, and after a crash nothing "
+                        "says when it may run again. Set locked_until from %(lease)s")
+            if attempt != new["attempts"]:
+                return (f"{what} returned attempt {attempt} for job {job}, whose attempts now "
+                        f"say {new['attempts']}: return the attempt it counted (returning "
+                        "attempts as attempt)")
+        return None
+
+    def expire(self) -> None:
+        """Let time pass for the running jobs: their leases run out (no waiting)."""
+        self.conn.execute(q("exercise_expire_leases"))
+        self.changed()
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -191,10 +274,13 @@ class Outcome:
     nudge: str = ""
     error: str = ""
     solution: str | None = None
+    #: False when the kit could not check the answer (not text, a wrong shape): never "not yet".
+    checked: bool = True
 
     @property
     def correct(self) -> bool:
-        return not self.error and bool(self.checks) and all(c.ok for c in self.checks)
+        return (self.checked and not self.error and bool(self.checks)
+                and all(c.ok for c in self.checks))
 
     def __bool__(self) -> bool:
         return self.correct
@@ -202,7 +288,7 @@ class Outcome:
     def headline(self) -> str:
         if self.correct:
             return f"{OK} {self.title}: your answer does it"
-        return f"{NOT_YET}: {self.error or self.nudge}"
+        return f"{NOT_YET if self.checked else COULD_NOT_CHECK}: {self.error or self.nudge}"
 
     def line(self) -> str:
         return self.headline()
@@ -213,7 +299,8 @@ class Outcome:
         return {"id": self.id, "correct": self.correct,
                 "checks": [{"name": c.name, "expected": c.expected, "measured": c.measured,
                             "ok": c.ok} for c in self.checks],
-                "nudge": "" if self.correct else (self.error or self.nudge)}
+                "nudge": "" if self.correct else (self.error or self.nudge),
+                "checked": self.checked}
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         lines = [self.headline()]
@@ -277,16 +364,18 @@ class Text:
                 f"<b>{html.escape(self.title)}</b>{body}</div>")
 
 
-Scenario = Callable[[str, db.Scratch], tuple[list[Check], str]]
+Scenario = Callable[[str, Sandbox], tuple[list[Check], str]]
 
 
 @dataclass
 class Exercise:
     """One exercise: the starter, the scenario that judges an answer, hints, the kit's answer.
 
-    ``scenario(answer, scratch)`` runs the finding's scenario with the answer and returns the
-    checks and the nudge for the first one that failed. ``allowed`` lifts words off the
-    forbidden list (08's migration), ``may_change`` the catalog facts it may change.
+    ``scenario(answer, sandbox)`` runs the finding's scenario with the answer (several runs)
+    and returns the checks and the nudge for the first one that failed. ``owner``: the answer
+    runs as the owner of the jobs table (08's migration); ``may_change`` names the catalog
+    facts it may change. ``screen`` reads the answer's shape before anything runs (a script
+    without its ``-- work`` line), never to keep the server safe.
     """
 
     id: str
@@ -297,24 +386,42 @@ class Exercise:
     answer: str
     hints: tuple[str, ...]
     scenario: Scenario
-    allowed: tuple[str, ...] = ()
     may_change: tuple[str, ...] = ()
+    owner: bool = False
     screen: Callable[[str], None] | None = None
     _hints_shown: int = field(default=0, repr=False)
+    _last: Outcome | None = field(default=None, repr=False)
 
-    def check(self, answer: str) -> Outcome:
+    def check(self, answer: object) -> Outcome:
         """Run the finding's scenario with your answer and say what it measured."""
         outcome = judge(self, answer)
-        record(self.id, outcome.correct)
+        if outcome.checked:
+            record(self.id, outcome.correct)
+            self._last = outcome
         return outcome
 
     def hint(self) -> Text:
-        """Show the next hint (one at a time)."""
+        """Show the next hint (one at a time); the first reads what your last check showed."""
         n = min(self._hints_shown, len(self.hints) - 1)
         self._hints_shown = n + 1
         last = " (the last one: ex.solution() shows the kit's answer)" \
             if n == len(self.hints) - 1 else ""
-        return Text(f"Hint {n + 1} of {len(self.hints)}{last}", self.hints[n])
+        body = self.hints[n] if n else f"{self._your_run()} {self.hints[0]}"
+        return Text(f"Hint {n + 1} of {len(self.hints)}{last}", body)
+
+    def _your_run(self) -> str:
+        """Say what the participant's own last check showed (the first hint starts with it)."""
+        out = self._last
+        if out is None:
+            return ("You have not checked an answer yet: run ex.check(answer) first, and this "
+                    "hint starts with what your run showed.")
+        if out.correct:
+            return f"Your last check passed {OK}."
+        failed = next((c for c in out.checks if not c.ok), None)
+        if failed is None:
+            return f"Your last check: {out.error or out.nudge}."
+        return (f"Your last check, {failed.name}: expected {failed.expected}; measured "
+                f"{failed.measured}.")
 
     def solution(self) -> Text:
         """Show the kit's answer, as a participant would write it."""
@@ -324,29 +431,38 @@ class Exercise:
         return f"exercise {self.id} ({self.notebook}): {self.title}"
 
 
-def judge(ex: Exercise, answer: str) -> Outcome:
-    """Check the answer in a scratch database; every failure of the answer is one line."""
+def judge(ex: Exercise, answer: object) -> Outcome:
+    """Check the answer in a sandbox of its own; every failure of the answer is one line."""
     solution = ex.answer if settings.solutions() else None
     base: dict[str, Any] = {"id": ex.id, "title": ex.title, "solution": solution}
-    if not isinstance(answer, str) or not strip_comments(answer).strip():
-        return Outcome(**base, error="your answer is empty: write the SQL as a string, "
-                                      "e.g. answer = \"\"\"select ...\"\"\"")
     try:
-        refuse_words(answer, ex.allowed)
+        text = answer_text(answer)
+        if not strip_comments(text).strip():
+            return Outcome(**base, error="your answer is empty: write the SQL as a string, "
+                                          "e.g. answer = \"\"\"select ...\"\"\"")
         if ex.screen:
-            ex.screen(answer)
-        with db.scratch(f"ex {ex.id}") as s:
-            rules = Rules(s.admin, ex.may_change)
-            checks, nudge = ex.scenario(answer, s)
+            ex.screen(text)
+        with sandbox(f"ex {ex.id}", owner=ex.owner) as sb:
+            rules = Rules(sb, ex.may_change)
+            try:
+                checks, nudge = ex.scenario(text, sb)
+            except psycopg.OperationalError as e:
+                # The kit's own statement on a connection the answer ended (it may end the
+                # check's sessions: they are its role's).
+                raise AnswerFailed(f"a connection of the check was ended while it ran: "
+                                   f"{one_line(e)} (did your answer end a session?)") from e
             if changed := rules.changed():
                 raise Refused(f"your answer changed the rules it is checked by ({changed}): "
-                              "the fix must work with the schema, policies and grants as they are")
+                              "the fix must work with the schema, policies, grants and roles "
+                              "as they are")
+    except Unusable as e:
+        return Outcome(**base, error=str(e), checked=False)
     except AnswerFailed as e:
         return Outcome(**base, error=str(e))
     except Refused as e:
         return Outcome(**base, checks=(check("plays by the rules", False,
-                                             "schema, policies, grants, other jobs unchanged",
-                                             "changed"),), error=f"refused: {e}")
+                                             "schema, policies, grants, roles, other jobs "
+                                             "unchanged", "changed"),), error=f"refused: {e}")
     return Outcome(**base, checks=tuple(checks), nudge=nudge)
 
 
@@ -357,18 +473,49 @@ def first_nudge(pairs: list[tuple[Check, str]]) -> tuple[list[Check], str]:
     return checks, nudge
 
 
+def over_runs(runs: Sequence[tuple[str, tuple[list[Check], str]]]) -> tuple[list[Check], str]:
+    """Combine the checks of several runs: a check holds when it held in every run.
+
+    A failed check shows the first run where it failed (``measured ... (run 2 of 3: ...)``),
+    and the nudge is that of the first check that failed, from that run.
+    """
+    label = {i: f"run {i + 1} of {len(runs)}: {what}" for i, (what, _) in enumerate(runs)}
+    first_checks = runs[0][1][0]
+    combined: list[Check] = []
+    nudge = ""
+    for k, base in enumerate(first_checks):
+        failed = next(((i, r[1][0][k]) for i, r in enumerate(runs)
+                       if k < len(r[1][0]) and not r[1][0][k].ok), None)
+        if failed is None:
+            combined.append(base)
+            continue
+        i, c = failed
+        combined.append(Check(c.name, False, c.expected, f"{c.measured} ({label[i]})"))
+        if not nudge:
+            nudge = f"{runs[i][1][1]} ({label[i]})"
+    return combined, nudge
+
+
 @contextmanager
-def worker(s: db.Scratch, name: str, autocommit: bool = True) -> Iterator[psycopg.Connection]:
-    """Connect as the worker role, under the exercises' timeouts; close it as a process ends.
+def worker(sb: Sandbox, name: str, autocommit: bool = True,
+           role: str = "worker") -> Iterator[psycopg.Connection]:
+    """Log in as the check's role, under the exercises' timeouts; close it as a process ends.
 
     Never ``with conn:``: its exit commits what the answer left open. A worker that goes away
     closes its connection, and PostgreSQL rolls back whatever transaction was still open.
     """
-    conn = s.connect("worker", f"exercise {name}", autocommit=autocommit, options=OPTIONS)
+    conn = sb.connect(role, f"exercise {name}", autocommit=autocommit, options=OPTIONS)
     try:
         yield conn
     finally:
         conn.close()
+
+
+@contextmanager
+def admin(sb: Sandbox, name: str) -> Iterator[psycopg.Connection]:
+    """Connect as the judge: admin, in the scratch database, never evaluating an answer's policy."""
+    with sb.connect("admin", f"exercise {name}", autocommit=True, options=ADMIN_OPTIONS) as conn:
+        yield conn
 
 
 # --- progress --------------------------------------------------------------------------------
@@ -433,18 +580,6 @@ returning id, tenant_id, attempts as attempt;
 """
 
 
-def refuse_if(answer: str, pattern: str, reason: str) -> None:
-    """Raise Refused(reason) when the answer matches pattern (a status it must not write)."""
-    if re.search(pattern, answer):
-        raise Refused(reason)
-
-
-def refuse_final_status(answer: str, why: str) -> None:
-    """Refuse a claim that writes 'dead' or 'done' itself; why says whose job that is."""
-    refuse_if(answer, r"'(dead|done)'",
-              f"your claim writes a final status ('dead' or 'done') itself: {why}")
-
-
 def fill_queue(admin: psycopg.Connection, batches: Iterable[tuple[int, str, int]],
                max_attempts: int = 3) -> Jobs:
     """Empty the queue, enqueue each (tenant, kind, count) batch of instant jobs, watch them."""
@@ -470,32 +605,38 @@ def claim_within_budget(conn: psycopg.Connection, text: str, params: dict[str, A
         return None
 
 
-def behind_done(nxt: dict[str, Any], nudge: str) -> tuple[Check, str]:
-    """Return the check that the job behind the bad one ended done, with its nudge."""
-    return check("the job behind it", nxt["status"] == "done", "done", nxt["status"]), nudge
-
-
 def claimed(cur: psycopg.Cursor[Any], what: str) -> list[tuple[int, int]]:
     """Return (job id, attempt) per row the claim returned; a wrong shape is one line."""
-    rows = rows_of(cur)
     out = []
-    for row in rows:
+    for row in rows_of(cur):
         attempt = row.get("attempt", row.get("attempts"))
         if row.get("id") is None or attempt is None:
-            raise AnswerFailed(f"{what} returned columns {', '.join(row) or 'none'}: a claim "
-                               "returns the job's id and its attempt (returning id, tenant_id, "
-                               "attempts as attempt)")
-        out.append((int(row["id"]), int(attempt)))
+            raise Unusable(f"{what} returned columns {', '.join(row) or 'none'}: a claim "
+                           "returns the job's id and its attempt (returning id, tenant_id, "
+                           "attempts as attempt)")
+        try:
+            out.append((int(row["id"]), int(attempt)))
+        except (TypeError, ValueError):
+            raise Unusable(f"{what} returned id {row['id']!r} and attempt {attempt!r}: a claim "
+                           "returns the job's id and its attempt, two numbers") from None
     return out
 
 
-def finished_count(cur: psycopg.Cursor[Any]) -> int:
-    """Return how many jobs a finish says it finished: its row count, or a returned count."""
+def finished_count(cur: psycopg.Cursor[Any], what: str) -> int:
+    """Return how many jobs a finish says it finished: its row count, or a returned count.
+
+    The worker commits or rolls back by it, as a real worker would; the judge never trusts it:
+    it reads the job's state.
+    """
     if cur.description is None:
         return max(cur.rowcount, 0)
     rows = rows_of(cur)
     if len(rows) == 1 and "finished" in rows[0]:
-        return int(rows[0]["finished"] or 0)
+        try:
+            return int(rows[0]["finished"] or 0)
+        except (TypeError, ValueError):
+            raise Unusable(f"{what} returned finished = {rows[0]['finished']!r}: a finish "
+                           "says how many jobs it finished, a number (or its row count)") from None
     return len(rows)
 
 
@@ -507,6 +648,6 @@ def split_work(answer: str) -> tuple[str, str]:
     """Split a worker's script at its ``-- work`` line: (claim part, finish part)."""
     parts = re.split(r"^[ \t]*--[ \t]*work\b[^\n]*$", answer, maxsplit=1, flags=re.M | re.I)
     if len(parts) != 2:
-        raise AnswerFailed("your script needs a line starting with `-- work` between the claim "
-                           "and the finish: that is where the kit runs the job")
+        raise Unusable("your script needs a line starting with `-- work` between the claim "
+                       "and the finish: that is where the kit runs the job")
     return parts[0], parts[1]

@@ -1,6 +1,6 @@
 """Exercise ``leak`` (notebook 01): set the tenant so that it cannot reach the next job.
 
-The finding's script, as the worker role on one pooled connection (not in autocommit, as the
+The finding's script, as the check's worker role on one pooled connection (not in autocommit, as the
 article's pool): jobs for tenants 1, 2 and 3 each run the answer, then count invoices, and
 commit; after each job a borrower takes the same connection, sets nothing, and counts.
 """
@@ -16,6 +16,7 @@ from ..experiments.leak import INVOICES_OF_TENANT_1
 from ..finding import Check, check
 from ..queries import q
 from ._core import AnswerFailed, Exercise, first_nudge, run_answer, worker
+from ._sandbox import Sandbox
 
 TENANTS = (1, 2, 3)
 
@@ -40,7 +41,7 @@ def invoices_of(tenant: int | None) -> int:
     return INVOICES_OF_TENANT_1 // tenant if tenant else 0
 
 
-def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
+def scenario(answer: str, s: Sandbox) -> tuple[list[Check], str]:
     """Run the three jobs and their borrowers; judge what each saw."""
     jobs: list[int] = []
     borrowers: list[int] = []

@@ -2,21 +2,23 @@
 
 The finding's trap: the invoices' tenant policy on the jobs table too, 20 jobs for tenants
 1..20. The answer is a migration of the jobs table's row security: only the table's owner may
-change a policy, so it runs as ``tenantlab_owner`` (not superuser, no BYPASSRLS: the admin
-session takes that role for the answer's transaction), and only policy and row-security
-statements on ``jobs`` are accepted. Then the production claim runs as the worker role with no
-tenant context, and each job it takes counts its tenant's invoices, set locally.
+change a policy, so it runs on a login of its own as the owner of the scratch database's jobs
+table (a role made for the check: not superuser, no BYPASSRLS, owner of nothing else, member of
+no role). What it may do follows from those rights, not from its words: a statement on another
+table, a role or the server is refused by PostgreSQL. Then the production claim runs as the
+check's worker role with no tenant context (a policy written ``to tenantlab_worker`` applies to
+it, as it stands in for that role), and each job it takes counts its tenant's invoices.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from .. import db
 from ..finding import Check, check
 from ..queries import q
-from ._core import Exercise, Refused, first_nudge, run_answer, strip_comments, worker
+from ._core import Exercise, admin, first_nudge, in_transaction, run_answer, worker
+from ._sandbox import Sandbox, adopt_worker_policies
 
 JOBS = 20
 
@@ -32,9 +34,9 @@ alter table jobs disable row level security;
 """
 
 HINTS = (
-    "The worker counted 0 jobs and its claim returned nothing, without an error: the policy is "
-    "a filter. It compares each job's tenant with app.tenant, which the worker sets only inside "
-    "a job, after the claim.",
+    "Look at how many jobs the worker saw, and whether its claim returned an error: a policy is "
+    "a filter, not a refusal. It compares each job's tenant with app.tenant, which the worker "
+    "sets only inside a job, after the claim.",
     "The answer is a migration, run by the table's owner. NO FORCE exempts only the owner; the "
     "worker is not the owner. And row security on with no policy left hides every row.",
     "Take the jobs table out of the tenant policy: drop the policy and disable row level "
@@ -43,53 +45,24 @@ HINTS = (
     "not enough.",
 )
 
-_STATEMENT = re.compile(r"^\s*((create|alter|drop)\s+policy\b.*\bon\s+(jobqueue\.)?jobs\b"
-                        r"|alter\s+table\s+(only\s+)?(jobqueue\.)?jobs\s+"
-                        r"(enable|disable|force|no\s+force)\s+row\s+level\s+security\s*$)",
-                        re.I | re.S)
-
-
-def screen(answer: str) -> None:
-    """Accept only policy and row-security statements on jobs, never on invoices or roles."""
-    for statement in _statements(answer):
-        if not _STATEMENT.match(statement) or re.search(r"\b(owner|invoices|tenants)\b",
-                                                         statement, re.I):
-            first = " ".join(statement.split())[:60]
-            raise Refused(f"your migration runs `{first}`: it may only create, alter or drop "
-                          "policies on jobs and switch its row level security; the invoices' "
-                          "policy and the roles stay as they are")
-
-
-def _statements(text: str) -> list[str]:
-    # Split on semicolons outside quotes (a policy's expression may quote a string).
-    out: list[str] = []
-    cur: list[str] = []
-    quoted = False
-    for ch in strip_comments(text):
-        if ch == "'":
-            quoted = not quoted
-        if ch == ";" and not quoted:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    out.append("".join(cur))
-    return [s for s in out if s.strip()]
-
-
-def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
-    """Put the policy on jobs, run the migration as the owner, then claim as the worker."""
-    with s.connect("admin", "exercise rls-jobs", autocommit=True) as admin:
-        admin.execute(q("enqueue_demo"), {"tenant": None, "kind": "count", "seconds": 0.0,
-                                          "count": JOBS, "max_attempts": 3, "write": False})
-        admin.execute(q("jobs_tenant_policy"))
-        admin.execute("begin")
-        admin.execute("set local role tenantlab_owner")
-        run_answer(admin, answer, {}, "your migration")
-        admin.execute("commit")
-        table = admin.execute(q("exercise_jobs_rls")).fetchone() or (False, False, 0, 0)
+def scenario(answer: str, sb: Sandbox) -> tuple[list[Check], str]:
+    """Put the policy on jobs, run the migration as the jobs table's owner, then claim."""
+    with admin(sb, "rls-jobs") as conn_admin:
+        conn_admin.execute(q("enqueue_demo"), {"tenant": None, "kind": "count", "seconds": 0.0,
+                                               "count": JOBS, "max_attempts": 3, "write": False})
+        conn_admin.execute(q("jobs_tenant_policy"))
+    # The migration: on a login of its own as the table's owner (a role made for the check,
+    # which owns nothing else), committed as a migration tool would.
+    with worker(sb, "rls-jobs migration", autocommit=False, role="owner") as owner:
+        run_answer(owner, answer, {}, "your migration")
+        if in_transaction(owner):
+            owner.commit()
+    with admin(sb, "rls-jobs") as conn_admin:
+        # A policy written `to tenantlab_worker` names the role the check's worker stands in for.
+        adopt_worker_policies(conn_admin, sb)
+        table = conn_admin.execute(q("exercise_jobs_rls")).fetchone() or (False, False, 0, 0)
     counts: dict[int, int] = {}
-    with worker(s, "rls-jobs") as conn:
+    with worker(sb, "rls-jobs") as conn:
         visible = int(db.scalar(conn, q("count_jobs")))
         for _ in range(JOBS + 2):
             params = {"lease": 30, "kinds": ["count"], "batch": 1, "queues": ["default"]}
@@ -142,8 +115,8 @@ def judge(visible: int, counts: dict[Any, int], enabled: bool, forced: bool, pol
 
 EXERCISE = Exercise(
     id="rls-jobs", notebook="08", title="the claim under RLS, without BYPASSRLS",
-    task="A migration of the jobs table's row security, run by the table's owner (policy and "
-         "row-security statements on jobs only). Afterwards the worker, with no tenant context, "
+    task="A migration of the jobs table's row security, run by the table's owner (a role that "
+         "owns the jobs table and nothing else). Afterwards the worker, with no tenant context, "
          "must claim every job, and each job must still see only its tenant's invoices.",
-    starter=STARTER, answer=ANSWER, hints=HINTS, scenario=scenario, screen=screen,
-    allowed=("drop", "alter", "create"), may_change=("policy jobs ", "row security jobs:"))
+    starter=STARTER, answer=ANSWER, hints=HINTS, scenario=scenario, owner=True,
+    may_change=("policy jobs ", "row security jobs:"))
