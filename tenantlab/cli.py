@@ -529,11 +529,12 @@ def add_exercise_commands(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--json", action="store_true", help="as a JSON list")
     ls.set_defaults(func=cmd_exercises_list)
     ck = cmds.add_parser("check", help="run the finding's scenario with your answer; exit 0 "
-                                       "when it does it, 1 when not yet")
+                                       "when it does it, 1 when not yet, 2 when it could not "
+                                       "be checked")
     ck.add_argument("id", metavar="ID", help="the exercise (id or notebook number)")
     ck.add_argument("--answer", required=True, metavar="FILE", help="your answer's SQL (- : stdin)")
     ck.add_argument("--json", action="store_true",
-                    help='print {"id", "correct", "checks": [...], "nudge"}')
+                    help='print {"id", "correct", "checks": [...], "nudge", "checked"}')
     ck.set_defaults(func=cmd_exercises_check)
     for name, what in (("starter", "the naive version, runnable as is"),
                        ("solution", "the kit's answer")):
@@ -570,13 +571,20 @@ def cmd_exercises_list(args: argparse.Namespace) -> int:
 def cmd_exercises_check(args: argparse.Namespace) -> int:
     import json
 
+    from .exercises import _core
+
     ex = _exercise(args.id)
     if ex is None:
         return 2
     try:
-        text = sys.stdin.read() if args.answer == "-" else Path(args.answer).read_text()
+        text = _core.decode_answer(_read_answer(args.answer))
+    except _core.Unusable as e:
+        print(f"tenantlab exercises: could not check: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
-        raise TenantlabError(f"cannot read the answer {args.answer}: {e.strerror}") from None
+        print(f"tenantlab exercises: could not check: cannot read the answer {args.answer}: "
+              f"{e.strerror or e}", file=sys.stderr)
+        return 2
     try:
         outcome = ex.check(text)
     except Exception as e:  # no server, no rights: not "not yet" (1), which a script reads
@@ -585,7 +593,22 @@ def cmd_exercises_check(args: argparse.Namespace) -> int:
         print(f"tenantlab exercises: {message}", file=sys.stderr)
         return 2
     print(json.dumps(outcome.to_json(), indent=1) if args.json else outcome.line())
+    if not outcome.checked:
+        return 2
     return 0 if outcome.correct else 1
+
+
+def _read_answer(path: str) -> bytes:
+    """Return an answer file's bytes (``-``: standard input), at most one byte over the limit."""
+    from .exercises._core import MAX_ANSWER_BYTES
+
+    if path == "-":
+        if sys.stdin.isatty():
+            print("tenantlab exercises: reading your answer from standard input; end it with "
+                  "Ctrl-D (or pass --answer FILE)", file=sys.stderr)
+        return sys.stdin.buffer.read(MAX_ANSWER_BYTES + 1)
+    with open(path, "rb") as f:
+        return f.read(MAX_ANSWER_BYTES + 1)
 
 
 def cmd_exercises_text(args: argparse.Namespace) -> int:

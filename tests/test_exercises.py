@@ -33,7 +33,7 @@ WRONG = [
                    where id = (select id from jobs where status = 'queued' order by id limit 1
                                for update skip locked)
                   returning id, tenant_id, attempts as attempt""",
-     "Does your claim mark the job 'running'"),
+     "does your claim mark the job 'running'"),
     ("crash", exercises.get("crash").starter, "the count was in the dying worker's open transaction"),
     ("crash", """update jobs set attempts = attempts + 1
                   where id = (select id from jobs where status = 'queued' order by id limit 1
@@ -41,9 +41,12 @@ WRONG = [
                  returning id, tenant_id, attempts as attempt;
                  -- work
                  update jobs set status = 'done' where id = %(id)s;""",
+     "left job 1 'queued': does your claim mark the job 'running'"),
+    ("crash", exercises.get("crash").answer.replace(
+        "select id from claimable", "select id from jobs where status in ('queued', 'running')"),
      "the claim itself must skip jobs with attempts >= max_attempts"),
     ("crash", exercises.get("crash").answer.replace("-- work: the kit runs the job here "
-                                                     "(the first job kills its worker)\n",
+                                                     "(the crash job kills its worker)\n",
                                                      "-- work\nbegin;\n"),
      "left a transaction open"),
     ("overrun", exercises.get("overrun").starter, "guard the finish on the attempt it claimed"),
@@ -51,18 +54,21 @@ WRONG = [
                    and locked_until > clock_timestamp()""", "the lease your finish checked is B's"),
     ("overrun", """update jobs set status = 'done' where id = %(id)s
                    and attempts = %(attempt)s and status = 'queued'""",
-     "worker B owns attempt 2, and its finish matched 0 jobs"),
+     "worker B owns attempt 2, and after its finish the job is running"),
     ("rls-jobs", exercises.get("rls-jobs").starter, "the policy still hides the queue"),
     ("rls-jobs", "drop policy tenant_isolation on jobs", "no policy is left"),
     ("rls-jobs", "alter table jobs no force row level security", "NO FORCE exempts only"),
     ("rls-jobs", "create policy worker_reads on jobs for select to tenantlab_worker using (true)",
      "a policy FOR SELECT lets the worker only read"),
     ("noisy-neighbour", exercises.get("noisy-neighbour").starter,
-     "each waited behind tenant 1's burst of 30"),
+     "some waited behind tenant 1's burst of 30"),
     ("noisy-neighbour", exercises.get("noisy-neighbour").answer.replace(
-        "attempts = attempts + 1,", ""), "a claim counts the attempt and sets the lease"),
+        "attempts = attempts + 1,", ""), "a claim counts one attempt (attempts + 1)"),
     ("noisy-neighbour", exercises.get("noisy-neighbour").answer.replace(
         "where tenant_id not in", "where tenant_id <> 1 and tenant_id not in"),
+     "tenant 1's job was never claimed"),
+    ("noisy-neighbour", exercises.get("noisy-neighbour").answer.replace(
+        "where tenant_id not in", "where tenant_id <> 9 and tenant_id not in"),
      "Fair is not starving the busy tenant"),
 ]
 
@@ -77,7 +83,7 @@ RIGHT = [
 @pytest.mark.parametrize("ex_id", list(exercises.EXERCISES))
 def test_the_kits_answer_passes(admin_dsn: str, ex_id: str) -> None:
     ex = exercises.get(ex_id)
-    outcome = ex.check(ex.answer)
+    outcome = ex.check(ex.solution())  # what ex.solution() shows is an answer too
     assert outcome.correct, outcome.line()
     assert outcome.checks and all(c.ok for c in outcome.checks)
     assert outcome.line().startswith("✓")
@@ -107,38 +113,12 @@ def test_the_fix_written_another_way_passes(admin_dsn: str, ex_id: str, answer: 
     assert outcome.correct, outcome.line()
 
 
-@pytest.mark.parametrize("ex_id,answer,says", [
-    ("leak", "alter table invoices disable row level security", "uses ALTER"),
-    ("leak", "select set_config('row_security', 'off', false)", "uses ROW_SECURITY"),
-    ("poison", "update jobs set status = 'dead' where kind = 'fail' returning id, attempts as attempt",
-     "writes a final status"),
-    ("rls-jobs", "alter table invoices disable row level security", "may only create, alter or drop"),
-    ("rls-jobs", "alter role tenantlab_worker bypassrls", "uses BYPASSRLS"),
-    ("rls-jobs", "commit; alter table jobs disable row level security", "runs `commit`"),
-    ("noisy-neighbour", "grant update on invoices to tenantlab_worker", "uses GRANT"),
-])
-def test_an_answer_that_changes_the_rules_is_refused_before_it_runs(
-        ex_id: str, answer: str, says: str) -> None:
-    outcome = exercises.get(ex_id).check(answer)
-    assert not outcome.correct
-    assert outcome.line().startswith("not yet: refused: ") and says in outcome.line()
-    assert [c.name for c in outcome.checks] == ["plays by the rules"]
-
-
 def test_a_claim_that_edits_other_jobs_by_hand_is_refused(admin_dsn: str) -> None:
     ex = exercises.get("poison")
     cheat = "with other as (update jobs set max_attempts = 9 where id = 2)\n" + ex.answer
     outcome = ex.check(cheat)
     assert not outcome.correct
     assert "changed job 2, which it did not take" in outcome.line()
-
-
-def test_the_rules_name_what_an_answer_changed(scratch: db.Scratch) -> None:
-    rules = _core.Rules(scratch.admin)
-    assert rules.changed() is None
-    with scratch.connect("admin", autocommit=True) as conn:
-        conn.execute("grant update on invoices to tenantlab_worker")
-    assert "grants on invoices" in (rules.changed() or "")
 
 
 @pytest.mark.parametrize("answer,starts", [
@@ -159,13 +139,16 @@ def test_a_shapeless_claim_and_a_script_without_its_work_line_are_one_line(admin
     assert "returned columns x: a claim returns the job's id" in shape.line()
     marker = exercises.get("crash").check("update jobs set attempts = 1 where false")
     assert "needs a line starting with `-- work`" in marker.line()
+    for outcome in (shape, marker):  # the kit could not check it: never "not yet"
+        assert outcome.line().startswith("could not check: ") and not outcome.checked
 
 
 def test_a_long_answer_is_stopped_by_the_statement_timeout(admin_dsn: str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_core, "OPTIONS", "-c statement_timeout=300")
     monkeypatch.setattr(_core, "STATEMENT_TIMEOUT_MS", 300)
-    endless = "select count(*) from generate_series(1, 1e10::bigint)"
+    # A loop that needs no temporary file (temp_file_limit would stop that one first).
+    endless = "select count(*) from pg_class a, pg_class b, pg_class c, pg_class d"
     outcome = exercises.get("leak").check(endless)
     assert "ran longer than 0.3 s and was stopped (statement timeout)" in outcome.line()
     # An answer that lifted the server's timeout meets the client's, a second later.
@@ -190,6 +173,9 @@ def test_an_interrupted_check_leaves_nothing_behind(admin_dsn: str,
     assert not [d for d in db.scratch_databases(admin_dsn) if mine in d and "ex_leak" in d]
     assert not [b for b in db.leftover_backends(admin_dsn)
                 if "exercise" in (b["application_name"] or "")]
+    with db.connect(admin_dsn, autocommit=True) as conn:  # the check's role went with it
+        assert not conn.execute("select rolname from pg_roles "
+                                "where rolname like 'tenantlab\\_ex\\_%'").fetchall()
 
 
 def test_progress_hints_and_the_instructors_solutions(progress_file: Path,
@@ -236,7 +222,7 @@ def test_the_command_line_contract(admin_dsn: str, tmp_path: Path,
     solution.write_text(capsys.readouterr().out)
     assert cli.main(["exercises", "check", "01", "--answer", str(solution), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert set(result) == {"id", "correct", "checks", "nudge"}
+    assert set(result) == {"id", "correct", "checks", "nudge", "checked"}
     assert result["id"] == "leak" and result["correct"] is True and result["nudge"] == ""
     assert {tuple(sorted(c)) for c in result["checks"]} == {("expected", "measured", "name", "ok")}
 
@@ -255,5 +241,5 @@ def test_a_not_yet_box_shows_no_cross_and_is_not_a_verdict_box() -> None:
 def test_nothing_of_psycopg_leaks_as_a_traceback(admin_dsn: str) -> None:
     # An error the answer provokes deep in the scenario is still one line.
     outcome = exercises.get("overrun").check("select 1/0")
-    assert outcome.line().startswith("not yet: worker A's late finish failed: division by zero")
+    assert outcome.line().startswith("not yet: worker A's finish failed: division by zero")
     assert isinstance(outcome, exercises.Outcome) and not outcome.checks

@@ -135,7 +135,9 @@ def run_answer(conn: psycopg.Connection, text: str, params: dict[str, Any],
         raise AnswerFailed(f"{what} was refused by the database: {one_line(e)} (it runs as a "
                            "role with only the rights this exercise needs)") from e
     except psycopg.OperationalError as e:
-        raise AnswerFailed(f"{what} ended its own connection: {one_line(e)}") from e
+        if conn.broken or conn.closed:
+            raise AnswerFailed(f"{what} ended its own connection: {one_line(e)}") from e
+        raise AnswerFailed(f"{what} failed: {one_line(e)}") from e
     except psycopg.Error as e:
         if e.sqlstate is None:  # psycopg's own: a parameter missing, a lone % in the text
             raise AnswerFailed(f"{what} uses a parameter it is not given: {one_line(e)} "
@@ -181,7 +183,7 @@ class Rules:
         gone, new = sorted(self.before - after), sorted(after - self.before)
         if not gone and not new:
             return None
-        return f"was: {gone[0]}" if gone else f"now: {new[0]}"
+        return f"now: {new[0]}" if new else f"was: {gone[0]}"
 
 
 class Jobs:
@@ -451,6 +453,10 @@ def judge(ex: Exercise, answer: object) -> Outcome:
                 # check's sessions: they are its role's).
                 raise AnswerFailed(f"a connection of the check was ended while it ran: "
                                    f"{one_line(e)} (did your answer end a session?)") from e
+            except psycopg.Error as e:
+                # The kit's own statement failed on what the answer left (a policy, a rule).
+                raise AnswerFailed(f"the check's own statements failed after your answer: "
+                                   f"{one_line(e)}") from e
             if changed := rules.changed():
                 raise Refused(f"your answer changed the rules it is checked by ({changed}): "
                               "the fix must work with the schema, policies, grants and roles "
@@ -474,26 +480,31 @@ def first_nudge(pairs: list[tuple[Check, str]]) -> tuple[list[Check], str]:
 
 
 def over_runs(runs: Sequence[tuple[str, tuple[list[Check], str]]]) -> tuple[list[Check], str]:
-    """Combine the checks of several runs: a check holds when it held in every run.
+    """Combine the checks of several runs, by name: a check holds when it held in every run.
 
     A failed check shows the first run where it failed (``measured ... (run 2 of 3: ...)``),
-    and the nudge is that of the first check that failed, from that run.
+    and the nudge is that of the first check (in order) that failed, from that run.
     """
     label = {i: f"run {i + 1} of {len(runs)}: {what}" for i, (what, _) in enumerate(runs)}
-    first_checks = runs[0][1][0]
+    names: list[str] = []
+    found: dict[str, tuple[int, Check, str]] = {}  # name -> (run, check, nudge) to show
+    for i, (_, (checks, nudge)) in enumerate(runs):
+        for c in checks:
+            if c.name not in found:
+                names.append(c.name)
+                found[c.name] = (i, c, nudge if not c.ok else "")
+            elif found[c.name][1].ok and not c.ok:
+                found[c.name] = (i, c, nudge)
     combined: list[Check] = []
-    nudge = ""
-    for k, base in enumerate(first_checks):
-        failed = next(((i, r[1][0][k]) for i, r in enumerate(runs)
-                       if k < len(r[1][0]) and not r[1][0][k].ok), None)
-        if failed is None:
-            combined.append(base)
+    first = ""
+    for name in names:
+        i, c, nudge = found[name]
+        if c.ok:
+            combined.append(c)
             continue
-        i, c = failed
         combined.append(Check(c.name, False, c.expected, f"{c.measured} ({label[i]})"))
-        if not nudge:
-            nudge = f"{runs[i][1][1]} ({label[i]})"
-    return combined, nudge
+        first = first or f"{nudge} ({label[i]})"
+    return combined, first
 
 
 @contextmanager

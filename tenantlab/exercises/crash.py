@@ -79,10 +79,11 @@ def _run(answer: str, sb: Sandbox, budget: int, pos: int) -> tuple[list[Check], 
     crash, other = (1, 2) if pos == 1 else (2, 1)
     kinds = ((1, "crash", 1), (2, "count", 1)) if pos == 1 else ((2, "count", 1), (1, "crash", 1))
     m: dict[str, Any] = {"started": 0, "killed": 0, "after_first": None, "refused": None,
-                         "left_open": False, "claim": None, "budget": budget, "ran_other": 0}
+                         "left_open": False, "claim": None, "budget": budget, "ran_other": 0,
+                         "after_settled": False}
     with admin(sb, "crash") as conn_admin:
         jobs = fill_queue(conn_admin, kinds, budget)
-        for n in range(1, budget + 5):
+        for n in range(1, budget + 6):
             m["started"] = n
             what = f"worker {n}'s claim"
             with worker(sb, f"crash {n}") as conn:
@@ -105,7 +106,10 @@ def _run(answer: str, sb: Sandbox, budget: int, pos: int) -> tuple[list[Check], 
                 m["after_first"] = dict(jobs.state(crash))
             now = jobs.now()
             if now[other]["status"] == "done" and _settled(now[crash]):
-                break
+                if m["after_settled"]:
+                    break
+                # One more worker once all is settled: its claim must leave the spent job alone.
+                m["after_settled"] = True
             jobs.expire()  # time passes: the dead worker's lease runs out before the next starts
         states = jobs.now()
     return judge(m, states[crash], states[other])

@@ -123,7 +123,7 @@ def judge(answer: str, late: int, own: int, after_a: dict[str, Any], end: dict[s
     if not takeover:
         ok = end["status"] == "done" and end["attempts"] == attempt_a
         pairs: list[tuple[Check, str]] = [
-            (check(f"worker A's finish in time (attempt {attempt_a})", ok,
+            (check("a finish in time, no takeover", ok,
                    f"done, attempts {attempt_a}", f"{end['status']}, attempts {end['attempts']}"),
              f"worker A still owned attempt {attempt_a} and finished in time, but the job is "
              f"{end['status']}: the guard must let the attempt that owns the job through "
@@ -141,12 +141,12 @@ def judge(answer: str, late: int, own: int, after_a: dict[str, Any], end: dict[s
                       "finish on the attempt it claimed (%(attempt)s)")
     done = end["status"] == "done" and end["attempts"] == attempt_b
     pairs = [
-        (check(f"worker A's late finish (attempt {attempt_a})", not wrote,
+        (check("worker A's late finish", not wrote,
                "fenced: the job still B's, running",
-               f"the job {after_a['status']}" + (" (fenced)" if not wrote else
-                                                   f" while B ran attempt {attempt_b}")),
+               f"attempt {attempt_a}: the job {after_a['status']}"
+               + (" (fenced)" if not wrote else f" while B ran attempt {attempt_b}")),
          late_nudge),
-        (check(f"worker B's finish (attempt {attempt_b})", done,
+        (check("worker B's finish", done,
                f"done, attempts {attempt_b}", f"{end['status']}, attempts {end['attempts']}"
                + (f"; it said it finished {own}" if own and not done else "")),
          f"worker B owns attempt {attempt_b}, and after its finish the job is {end['status']}: "
