@@ -72,11 +72,69 @@ WRONG = [
      "Fair is not starving the busy tenant"),
 ]
 
+_POISON = exercises.get("poison").answer
+_OVERRUN = exercises.get("overrun").answer
+_FAIR = exercises.get("noisy-neighbour").answer
+#: The "fairness" part of the kit's fair claim, to leave out.
+_NOT_RUNNING = """              where tenant_id not in (select tenant_id from jobs
+                                       where status = 'running'
+                                         and locked_until > clock_timestamp())
+"""
+
+#: Wrong answers the word-screen checker once accepted with a ✓ (issue 28), and close variants:
+#: each is "not yet" now, with a nudge about its own symptom, judged by the table.
+ONCE_ACCEPTED = [
+    ("poison", _POISON.replace("attempts = attempts + 1", "attempts = max_attempts"),
+     "moved job 1's attempts from 0 to 3"),
+    ("poison", _POISON.replace("attempts = attempts + 1", "attempts = attempts + 2"),
+     "a claim counts one attempt"),
+    ("poison", _POISON.replace(
+        "set status = 'running'",
+        "set status = case when attempts + 1 >= max_attempts then 'de' || 'ad' else 'running' end"),
+     "left job 1 'dead'"),
+    ("poison", _POISON.replace("set status = 'running'", "set status = chr(100) || 'one'"),
+     "left job 1 'done'"),
+    ("crash", """update jobs set attempts = attempts + 1
+                  where id = (select id from jobs where status = 'queued'
+                                 and attempts < max_attempts order by id limit 1
+                              for update skip locked)
+                 returning id, tenant_id, attempts as attempt;
+                 -- work
+                 update jobs set status = 'done', finished = clock_timestamp()
+                  where id = %(id)s;""", "left job 1 'queued'"),
+    ("overrun", _OVERRUN + " and %(attempt)s = 2", "worker B owns attempt 5"),
+    ("overrun", _OVERRUN.replace("attempts = %(attempt)s", "attempts >= 2"),
+     "marked the job done while worker B ran attempt 2"),
+    ("overrun", "commit; select (%(attempt)s = 2)::int as finished", "worker B owns attempt 2"),
+    ("overrun", "update jobs set status = 'done', locked_until = null where id = %(id)s; "
+                "commit; select (%(attempt)s = 2)::int as finished",
+     "worker A's finish, after its lease had run out, marked the job done"),
+    ("noisy-neighbour", _FAIR.replace(_NOT_RUNNING, "").replace(
+        "order by claimable_at, id", "order by tenant_id desc, claimable_at, id"),
+     "some waited behind tenant 9's burst"),
+    ("noisy-neighbour", _FAIR.replace(_NOT_RUNNING, "").replace(
+        "order by claimable_at, id", "order by tenant_id, claimable_at, id"),
+     "some waited behind tenant 1's burst"),
+]
+
 #: Other right answers: the fix written another way passes too.
 RIGHT = [
     ("leak", "set local app.tenant = %(tenant)s"),
     ("rls-jobs", "create policy worker_claims on jobs to tenantlab_worker using (true)"),
     ("noisy-neighbour", q("claim_round_robin")),
+    ("poison", """update jobs set status = 'running', attempts = attempts + 1,
+                         locked_until = now() + %(lease)s * interval '1 second'
+                   where id = (select id from jobs
+                                where (status = 'queued' or (status = 'running'
+                                                             and locked_until < now()))
+                                  and attempts < max_attempts and run_after <= now()
+                                order by id limit 1 for update skip locked)
+                  returning id, attempts"""),
+    ("overrun", _OVERRUN.rstrip() + "\n returning id"),
+    ("crash", exercises.get("crash").answer.replace(
+        "select id from claimable\n              order by claimable_at, id",
+        "select id from jobs where (status = 'queued' or locked_until < clock_timestamp())"
+        " and attempts < max_attempts order by id")),
 ]
 
 
@@ -105,6 +163,15 @@ def test_each_exercise_has_two_wrong_answers_with_their_own_nudges() -> None:
     for ex_id in exercises.EXERCISES:
         nudges = [n for e, _, n in WRONG if e == ex_id]
         assert len(set(nudges)) >= 2, ex_id
+
+
+@pytest.mark.parametrize("ex_id,answer,nudge", ONCE_ACCEPTED,
+                         ids=[f"{w[0]}-{i}" for i, w in enumerate(ONCE_ACCEPTED)])
+def test_an_answer_once_accepted_is_not_yet(admin_dsn: str, ex_id: str, answer: str,
+                                            nudge: str) -> None:
+    outcome = exercises.get(ex_id).check(answer)
+    assert outcome.checked and not outcome.correct, outcome.line()
+    assert nudge in outcome.line(), outcome.line()
 
 
 @pytest.mark.parametrize("ex_id,answer", RIGHT)
