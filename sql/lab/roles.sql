@@ -65,9 +65,12 @@ where datname like 'tenantlab\_%%'
        or datname = 'tenantlab_template_building')
 order by datname = 'tenantlab_template', datname;
 
--- Run by tenantlab.db.uninstall: the kit's roles that exist on this server.
+-- Run by tenantlab.db.uninstall: the kit's roles that exist on this server (with any exercise
+-- check's role a killed kernel left behind, tenantlab/exercises/_sandbox.py).
 -- name: kit_roles
-select rolname from pg_roles where rolname in ('tenantlab_worker', 'tenantlab_owner')
+select rolname from pg_roles
+ where rolname in ('tenantlab_worker', 'tenantlab_owner')
+    or rolname ~ '^tenantlab_ex_[0-9a-f]+_[wo]$'
 order by rolname desc;
 
 -- Run by tenantlab.db.ensure_roles first: what the admin may do, to name what it lacks.
