@@ -87,6 +87,14 @@ def test_findings_run_as_a_managed_role_and_uninstall_leaves_nothing(
     findings = json.loads(out.read_text())["findings"]
     assert {k: v["reproduced"] for k, v in findings.items()} == \
         {"leak": True, "poison": True, "rls-jobs": True}
+    # The exercises' sandbox as a managed admin: the check's roles made, used and dropped.
+    for ex_id in ("poison", "rls-jobs"):
+        answer = srv.home / f"{ex_id}.sql"
+        answer.write_text(cli("exercises", "solution", ex_id, env=env).stdout)
+        checked = cli("--database-url", managed, "exercises", "check", ex_id, "--answer",
+                      str(answer), env=env)
+        assert checked.returncode == 0 and checked.stdout.startswith("✓"), checked.stderr
+    assert not [r for r in _left(su)[1] if r.startswith("tenantlab_ex_")]
     with psycopg.connect(su) as conn:
         attrs = conn.execute("select rolsuper, rolbypassrls, rolcanlogin, rolinherit from pg_roles "
                              "where rolname = 'tenantlab_worker'").fetchone()

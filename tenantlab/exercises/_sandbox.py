@@ -152,7 +152,12 @@ def _grant(admin: psycopg.Connection, dbname: str, worker: str, owner: str | Non
     if owner:
         # 08's migration changes the jobs table's policies: only its owner may. The owner of
         # the check, of this table, in this database: nothing else.
-        admin.execute(sql.SQL("alter table jobs owner to {}").format(sql.Identifier(owner)))
+        # A new owner needs CREATE on the table's schema at the moment it takes it (unless a
+        # superuser acts): given for that statement only, so it can create nothing there.
+        who = sql.Identifier(owner)
+        admin.execute(sql.SQL("grant create on schema jobqueue to {}").format(who))
+        admin.execute(sql.SQL("alter table jobs owner to {}").format(who))
+        admin.execute(sql.SQL("revoke create on schema jobqueue from {}").format(who))
 
 
 def adopt_worker_policies(admin: psycopg.Connection, sb: Sandbox) -> int:
