@@ -120,6 +120,7 @@ ONCE_ACCEPTED = [
 #: Other right answers: the fix written another way passes too.
 RIGHT = [
     ("leak", "set local app.tenant = %(tenant)s"),
+    ("leak", "\ufeffselect pg_sleep(0.01); select set_config('app.tenant', %(tenant)s, true)"),
     ("rls-jobs", "create policy worker_claims on jobs to tenantlab_worker using (true)"),
     ("noisy-neighbour", q("claim_round_robin")),
     ("poison", """update jobs set status = 'running', attempts = attempts + 1,
