@@ -22,24 +22,32 @@ from tenantlab.exercises import _core, _sandbox
 #: A file an answer would make on the server's machine if it could run a program or write one.
 MARK = f"/tmp/tenantlab-harm-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
-#: Roles, settings and sessions an escape would leave: read as admin before and after a check.
+#: What an escape would leave on the server, read as admin before and after a check. Only what
+#: an answer would make (its roles, settings of the kit's or privileged roles, the server's own
+#: databases): other test files run beside this one and make ordinary roles and databases.
+_PRIVILEGED = ("rolname in ('tenantlab_owner', 'tenantlab_worker') or rolname like 'tl\\_evil%%' "
+               "or rolsuper or rolcreaterole or rolcreatedb or rolbypassrls or rolreplication")
+_OWN_DATABASES = "('postgres', 'template1', 'tenantlab_template', 'tenantlab_playground')"
 FINGERPRINT = {
     "roles": "select rolname, rolsuper, rolcreaterole, rolcreatedb, rolbypassrls, rolcanlogin, "
-             "rolinherit from pg_roles where rolname !~ '^tenantlab_ex_' order by 1",
-    "check roles left": "select rolname from pg_roles where rolname ~ '^tenantlab_ex_'",
-    "memberships": "select roleid::regrole::text, member::regrole::text from pg_auth_members "
+             f"rolinherit from pg_roles where {_PRIVILEGED} order by 1",
+    "memberships": "select roleid::regrole::text, member::regrole::text from pg_auth_members m "
+                   f"join pg_roles r on r.oid = m.roleid or r.oid = m.member where {_PRIVILEGED} "
                    "order by 1, 2",
     "role and database settings": "select coalesce(r.rolname, '-'), coalesce(d.datname, '-'), "
                                   "setconfig::text from pg_db_role_setting s "
                                   "left join pg_roles r on r.oid = setrole "
-                                  "left join pg_database d on d.oid = setdatabase order by 1, 2",
+                                  "left join pg_database d on d.oid = setdatabase "
+                                  f"where (r.oid is null or {_PRIVILEGED}) and (d.oid is null "
+                                  f"or d.datname in {_OWN_DATABASES}) order by 1, 2",
     "alter system": "select name, setting from pg_file_settings "
                     "where sourcefile like '%%postgresql.auto.conf' order by 1",
-    "databases": "select datname, shobj_description(oid, 'pg_database') from pg_database "
-                 "order by 1",
+    "databases": "select datname, datacl::text, shobj_description(oid, 'pg_database') "
+                 f"from pg_database where datname in {_OWN_DATABASES} "
+                 "or datname like 'tl\\_evil%%' order by 1",
     "tablespaces": "select spcname from pg_tablespace order by 1",
     "prepared transactions": "select gid from pg_prepared_xacts",
-    "advisory locks": "select pid, objid from pg_locks where locktype = 'advisory'",
+    "advisory locks": "select pid from pg_locks where locktype = 'advisory' and objid = 8276551",
 }
 
 
@@ -160,13 +168,19 @@ def test_a_hostile_answer_does_no_harm(admin_dsn: str, victims: dict[str, psycop
     if cls == "resources":  # a loop is stopped by the timeouts: short ones here
         monkeypatch.setattr(_core, "OPTIONS", "-c statement_timeout=300 -c lock_timeout=300")
         monkeypatch.setattr(_core, "STATEMENT_TIMEOUT_MS", 300)
+    made: list[str] = []
+    create = _sandbox._create_role
+    monkeypatch.setattr(_sandbox, "_create_role",
+                        lambda admin, role, pw: (made.append(role), create(admin, role, pw)))
     before = fingerprint(admin_dsn)
     outcome = exercises.get(ex_id).check(answer)
     after = fingerprint(admin_dsn)
     # The harm: none of it, anywhere on the server.
     for key in FINGERPRINT:
         assert after[key] == before[key], f"{key} changed: {before[key]} -> {after[key]}"
-    assert not after["check roles left"]
+    with db.connect(admin_dsn, "test sandbox", autocommit=True) as conn:  # its roles are gone
+        assert made and not conn.execute("select rolname from pg_roles where rolname = any(%s)",
+                                          (made,)).fetchall()
     _no_mark()
     for name, conn in victims.items():
         assert alive(conn), f"{name} was ended by the answer"

@@ -47,36 +47,44 @@ select 'rule ' || ev_class::regclass || ' ' || rulename
 union all
 select 'extension ' || extname from pg_extension
 union all
--- The cluster: roles, their attributes and memberships, role and database settings. Other
--- checks' own roles and scratch databases are left out (a room's checks come and go); this
--- check's own (%(mine)s) are in.
+-- The cluster: the roles that matter (the kit's, this check's own, and every role that is
+-- or holds more than an ordinary login: superuser, CREATEROLE, CREATEDB, BYPASSRLS,
+-- replication), the memberships that lead to them or to a predefined role, the role settings
+-- of those roles and of all roles, the settings and rights of the server's own databases and
+-- of this one. Ordinary roles and databases that other work makes meanwhile (a room's checks,
+-- another test) are left out: that an answer cannot make those is the rights' job.
 select 'role ' || rolname || ':' || case when rolsuper then ' superuser' else '' end
        || case when rolbypassrls then ' bypassrls' else '' end
        || case when rolcreaterole then ' createrole' else '' end
        || case when rolcreatedb then ' createdb' else '' end
+       || case when rolreplication then ' replication' else '' end
        || case when rolcanlogin then ' login' else '' end
-       || ' member of ' || coalesce((select string_agg(pg_get_userbyid(m.roleid), ', ' order by 1)
-                                       from pg_auth_members m
-                                      where m.member = r.oid
-                                        and pg_get_userbyid(m.roleid) !~ '^tenantlab_ex_'),
-                                    'nothing')
   from pg_roles r
- where rolname !~ '^tenantlab_ex_[0-9a-f]+_[wo]$' or rolname = any(%(mine)s::text[])
+ where rolname in ('tenantlab_owner', 'tenantlab_worker') or rolname = any(%(mine)s::text[])
+    or rolsuper or rolcreaterole or rolcreatedb or rolbypassrls or rolreplication
+union all
+select 'member ' || pg_get_userbyid(m.member) || ' of ' || pg_get_userbyid(m.roleid)
+  from pg_auth_members m join pg_roles r on r.oid = m.roleid
+ where r.rolname in ('tenantlab_owner', 'tenantlab_worker') or r.rolname ~ '^pg_'
+    or r.rolsuper or r.rolcreaterole or r.rolcreatedb or r.rolbypassrls
+    or pg_get_userbyid(m.member) = any(%(mine)s::text[])
 union all
 select 'setting of role ' || coalesce(r.rolname, 'all') || ' in database '
        || coalesce(d.datname, 'all') || ': ' || array_to_string(s.setconfig, ', ')
   from pg_db_role_setting s
   left join pg_roles r on r.oid = s.setrole
   left join pg_database d on d.oid = s.setdatabase
- where (r.rolname is null or r.rolname !~ '^tenantlab_ex_[0-9a-f]+_[wo]$'
-        or r.rolname = any(%(mine)s::text[]))
+ where (r.rolname is null or r.rolname in ('tenantlab_owner', 'tenantlab_worker')
+        or r.rolname = any(%(mine)s::text[])
+        or r.rolsuper or r.rolcreaterole or r.rolcreatedb or r.rolbypassrls)
    and (d.datname is null or d.datname = current_database()
-        or d.datname not like 'tenantlab\_%%\_%%\_%%')
+        or d.datname in ('postgres', 'template1', 'tenantlab_template', 'tenantlab_playground'))
 union all
 select 'database ' || datname || ': owner ' || pg_get_userbyid(datdba)
        || ', ' || coalesce(datacl::text, 'default')
   from pg_database
- where datname = current_database() or datname not like 'tenantlab\_%%\_%%\_%%'
+ where datname = current_database()
+    or datname in ('postgres', 'template1', 'tenantlab_template', 'tenantlab_playground')
 union all
 select 'tablespace ' || spcname from pg_tablespace
 order by 1;
