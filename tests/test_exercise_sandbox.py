@@ -339,3 +339,15 @@ def test_the_first_hint_reads_the_participants_own_run(admin_dsn: str) -> None:
     assert first.startswith("Your last check, each claim: running, counted once, leased")
     assert "moved job 1's attempts from 0 to 3" in first
     ex._hints_shown, ex._last = 0, None
+
+
+@pytest.mark.parametrize("ex_id,answer,says", [
+    ("poison", "select 999 as id, 1 as attempt", "returned id 999, which is no job"),
+    ("poison", "select 'abc' as id, 1 as attempt", "two numbers"),
+    ("overrun", "select 'yes' as finished", "returned finished = 'yes'"),
+])
+def test_an_answer_of_the_wrong_shape_cannot_be_checked(admin_dsn: str, ex_id: str, answer: str,
+                                                        says: str) -> None:
+    outcome = exercises.get(ex_id).check(answer)
+    assert not outcome.checked and outcome.line().startswith("could not check: ")
+    assert says in outcome.line() and "\n" not in outcome.line()
