@@ -101,4 +101,4 @@ lock: $(PYTHON_STAMP)
 clean:
 	@if [ -x $(VENV)/bin/tenantlab ]; then $(VENV)/bin/tenantlab down --purge || exit 1; \
 	elif command -v python3 >/dev/null; then python3 tools/clean_state.py || exit 1; fi
-	rm -rf $(VENV) .tenantlab
+	rm -rf $(VENV) .tenantlab tenantlab.egg-info notebooks/.ipynb_checkpoints

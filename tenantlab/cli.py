@@ -237,6 +237,22 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_clean_scratch(args: argparse.Namespace) -> int:
+    dsn = db.admin_dsn()
+    host = conninfo_to_dict(dsn).get("host", "")
+    found = db.clean_scratch(dsn, dry_run=True, every=args.all)
+    if not found:
+        print(f"no leftover scratch databases or exercise roles on {host}")
+        return 0
+    if not args.yes:
+        print(f"would remove from {host}:", *found, sep="\n  ")
+        print("run `tenantlab clean-scratch --yes` to remove them")
+        return 1
+    for item in db.clean_scratch(dsn, every=args.all):
+        print(f"removed {item}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="tenantlab", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
@@ -290,6 +306,14 @@ def parser() -> argparse.ArgumentParser:
 
     add_check_command(sub)  # check: failure modes against queue libraries (issue 20)
 
+    cs = sub.add_parser("clean-scratch",
+                        help="remove the scratch databases and exercise roles that stopped runs "
+                             "left behind (a killed kernel, `down --force` during a check)")
+    cs.add_argument("--yes", action="store_true", help="remove them (default: list them)")
+    cs.add_argument("--all", action="store_true",
+                    help="every scratch database nobody is connected to, also those of "
+                         "processes on other machines (a shared server)")
+    cs.set_defaults(func=cmd_clean_scratch)
     un = sub.add_parser("uninstall", help="remove the kit's databases and roles from the server")
     un.add_argument("--yes", action="store_true", help="remove them (without: only list them)")
     un.set_defaults(func=cmd_uninstall)

@@ -266,6 +266,32 @@ def scratch_databases(dsn: str | None = None) -> list[str]:
         return [r[0] for r in conn.execute(queries.q("scratch_databases"), ())]
 
 
+def clean_scratch(dsn: str, dry_run: bool = False, every: bool = False) -> list[str]:
+    """Drop the scratch databases a stopped process left (a killed kernel, `down --force` during
+    a check), and the exercise check roles past their expiry; return what went.
+
+    A scratch database is left over when nobody is connected to it and the process that made
+    it (its name carries the pid) no longer runs on this machine; ``every``: any scratch
+    database nobody is connected to (a server other machines' labs share: their pids mean
+    nothing here, so say so on purpose).
+    """
+    from .server import alive
+
+    removed: list[str] = []
+    with connect(dsn, "clean-scratch", autocommit=True) as conn:
+        for name, pid in conn.execute(queries.q("idle_scratch_databases")).fetchall():
+            if not every and pid is not None and (pid == os.getpid() or alive(pid)):
+                continue  # its process still runs: a run in progress, not a leftover
+            if not dry_run:
+                _drop(conn, name)
+            removed.append(f"database {name}")
+        for (role,) in conn.execute(queries.q("sandbox_stale_roles")).fetchall():
+            if not dry_run:
+                conn.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(role)))
+            removed.append(f"role {role}")
+    return removed
+
+
 def leftover_backends(dsn: str | None = None) -> list[dict]:
     """Return the kit's sessions still connected, other than the one asking."""
     with connect(dsn or admin_dsn(), "check", autocommit=True) as conn:

@@ -351,3 +351,24 @@ def test_an_answer_of_the_wrong_shape_cannot_be_checked(admin_dsn: str, ex_id: s
     outcome = exercises.get(ex_id).check(answer)
     assert not outcome.checked and outcome.line().startswith("could not check: ")
     assert says in outcome.line() and "\n" not in outcome.line()
+
+
+def test_clean_scratch_removes_what_a_killed_process_left(
+        admin_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    dead = 4_000_000  # above any pid_max: no process has it
+    name = f"tenantlab_ex_leak_{dead}_1"
+    role = "tenantlab_ex_00deadbeef_w"
+    with db.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+        conn.execute(f"create role {role} valid until '2000-01-01'")
+    with db.scratch("alive", admin_dsn) as mine:  # this process's own: in use, kept
+        assert cli.main(["clean-scratch"]) == 1
+        listed = capsys.readouterr().out
+        assert f"database {name}" in listed and f"role {role}" in listed
+        assert mine.name not in listed
+        assert cli.main(["clean-scratch", "--yes"]) == 0
+        assert f"removed database {name}" in capsys.readouterr().out
+        assert mine.name in db.scratch_databases(admin_dsn)
+    assert name not in db.scratch_databases(admin_dsn)
+    assert cli.main(["clean-scratch"]) == 0
+    assert "no leftover" in capsys.readouterr().out

@@ -42,3 +42,12 @@ select pg_advisory_lock(hashtext('tenantlab playground'));
 
 -- name: playground_unlock
 select pg_advisory_unlock(hashtext('tenantlab playground'));
+
+-- Run by tenantlab.db.clean_scratch (`tenantlab clean-scratch`): the scratch databases nobody is
+-- connected to, with the pid of the process that made each (its name's second-to-last part).
+-- name: idle_scratch_databases
+select d.datname, nullif(substring(d.datname from '_([0-9]+)_[0-9]+$'), '')::int as pid
+  from pg_database d
+ where d.datname like 'tenantlab\_%%\_%%\_%%'
+   and not exists (select from pg_stat_activity a where a.datname = d.datname)
+ order by 1;
