@@ -136,8 +136,9 @@ def _run_lab(args: argparse.Namespace, nbdir: Path, token: str, dsn: str) -> int
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     print(f"JupyterLab: http://{args.ip}:{args.port}/lab?token={token}", file=sys.stderr)
-    # Its own session: a Ctrl-C reaches us, and we stop Jupyter before the server.
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    # Its own session: a Ctrl-C reaches us, and we stop Jupyter before the server. And it ends
+    # with us whatever ends us (a kill -9, a closed terminal): no orphan keeps the port.
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_end_with_parent)
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -151,6 +152,17 @@ def _run_lab(args: argparse.Namespace, nbdir: Path, token: str, dsn: str) -> int
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def _end_with_parent() -> None:
+    """In the child, before exec: ask Linux for SIGTERM when the lab's process dies (JupyterLab
+    then stops its kernels); elsewhere nothing (a stop by Ctrl-C or SIGTERM still ends it)."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -19,7 +19,8 @@ from notebooks import clone_with_filter, git
 from tenantlab.server import Server, free_port
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL],
+                         ids=["SIGTERM", "SIGINT", "SIGKILL"])
 def test_lab_starts_headless_and_stops_cleanly(stop: signal.Signals) -> None:
     home = Path(tempfile.mkdtemp(prefix="tl-lab-", dir="/tmp"))
     home.chmod(0o755)
@@ -58,6 +59,16 @@ def test_lab_starts_headless_and_stops_cleanly(stop: signal.Signals) -> None:
         assert Server(home).pid() is not None, "the lab did not start the embedded server"
         if stop == signal.SIGTERM:
             _save_a_run_through_jupyterlab(port, token, checkout)
+        if stop == signal.SIGKILL:  # kill -9 of the lab: JupyterLab must not stay an orphan
+            jupyter = _jupyter_pids(port)
+            assert jupyter, "JupyterLab's process not found"
+            proc.kill()
+            proc.wait()
+            deadline = time.monotonic() + 60
+            while _jupyter_pids(port) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert not _jupyter_pids(port), "JupyterLab outlived the lab that started it"
+            return
         proc.send_signal(stop)  # SIGINT: Ctrl-C, also when a shell started us in the background
         assert proc.wait(timeout=60) == 0
         assert Server(home).pid() is None, "the lab left the server it started running"
@@ -68,6 +79,19 @@ def test_lab_starts_headless_and_stops_cleanly(stop: signal.Signals) -> None:
         log.close()
         Server(home).down()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _jupyter_pids(port: int) -> list[int]:
+    """Return the pids of the JupyterLab serving this port (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"jupyterlab" in cmdline and f"--ServerApp.port={port}".encode() in cmdline:
+            found.append(int(entry.name))
+    return found
 
 
 def _save_a_run_through_jupyterlab(port: int, token: str, checkout: Path) -> None:
