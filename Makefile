@@ -66,8 +66,11 @@ venv: $(DEV_STAMP)
 lab: $(LAB_STAMP)
 	$(VENV)/bin/tenantlab lab $(LAB_ARGS)
 
+# Two pytest-xdist workers share one server (most tests wait on workers, locks and timers, not
+# on the CPU); a file stays on one worker (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(DEV_STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 # Every finding five times: the README's matrix and FINDINGS.md state the ranges of this run.
 REPEAT ?= 5
