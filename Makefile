@@ -66,9 +66,10 @@ venv: $(DEV_STAMP)
 lab: $(LAB_STAMP)
 	$(VENV)/bin/tenantlab lab $(LAB_ARGS)
 
-# Two pytest-xdist workers share one server (most tests wait on workers, locks and timers, not
-# on the CPU); a file stays on one worker (tests/conftest.py). TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+# Two pytest-xdist workers (most tests wait on workers, locks and timers, not on the CPU), each
+# file on one worker, each worker with an embedded server of its own (tests/conftest.py).
+# TEST_WORKERS=0: one process; the default with TENANTLAB_DATABASE_URL, a server they would share.
+TEST_WORKERS ?= $(if $(TENANTLAB_DATABASE_URL),0,2)
 test: $(DEV_STAMP)
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 

@@ -2,97 +2,70 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import itertools
 import os
 import secrets
+import tempfile
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
 from psycopg import sql
 
-from tenantlab import db
+from tenantlab import db, server, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 # Marks what this pytest process starts (kernels, workers, PgBouncers: children inherit it), so
 # that a test can tell its own processes from another pytest-xdist worker's.
 os.environ["TENANTLAB_TEST_PROCESS"] = str(os.getpid())
+# `make test` runs two pytest-xdist workers. The first uses the checkout's embedded server as a
+# single process does; any other gets an embedded server of its own (.tenantlab/gw1, started and
+# stopped by it, initialised on its first run), so that no test sees another worker's sessions:
+# the horizon's "other sessions' transactions", the checks of what a run left on the server.
+# Set here, before anything reads the settings; children inherit it.
+if (_worker := os.environ.get("PYTEST_XDIST_WORKER", "gw0")) != "gw0" \
+        and not settings.database_url():
+    os.environ["TENANTLAB_HOME"] = str(server.home() / _worker)
+    os.environ.pop("TENANTLAB_PORT", None)
 
 
-def _xdist_worker(config: pytest.Config) -> bool:
-    """True in a pytest-xdist worker process (`make test` runs the suite in two)."""
-    return hasattr(config, "workerinput")
-
-
-def _xdist_controller(config: pytest.Config) -> bool:
-    """True in the process that hands tests to pytest-xdist's workers (and runs none)."""
-    return not _xdist_worker(config) and getattr(config.option, "dist", "no") != "no"
-
-
-_shared: dict[str, object] = {}
-
-#: Files whose tests must not run beside each other's on two pytest-xdist workers: they look at
-#: the whole server for what a run leaves (`tenantlab_check_*` databases and sessions), and the
-#: browser test runs notebook 13, which makes them. One worker runs a group's files in turn.
-GROUPS = {"test_check.py": "check", "test_check_peers.py": "check", "test_browser.py": "check"}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `--dist loadgroup`, keep each file on one worker (its module fixtures set up once,
-    its tests in order), and each group of GROUPS together."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            name = item.path.name
-            item.add_marker(pytest.mark.xdist_group(GROUPS.get(name, name)))
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Under pytest-xdist, start the one server every worker shares before the workers start:
-    no two workers race to start it, and none stops it under the others (xdist starts its
-    workers in a hook of its own that runs after this one)."""
-    if _xdist_controller(session.config):
-        server = db.server_session()
-        dsn = server.__enter__()
-        _shared.update(server=server, dsn=dsn)
-        db.ensure_template(dsn)
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Under pytest-xdist, once every worker has ended: nothing the suite started may still be
-    connected outside the scratch databases (each worker judged its own), then stop the server
-    if this run started it."""
-    server = _shared.pop("server", None)
-    if server is None:
-        return
-    try:
-        left = [b for b in db.leftover_backends(str(_shared["dsn"]))
-                if not (b["datname"] or "").startswith("tenantlab_")]
-        if left:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-            session.config.get_terminal_writer().line(
-                f"tenantlab backends left behind after the suite: {left}", red=True)
-    finally:
-        server.__exit__(None, None, None)  # type: ignore[attr-defined]
+@contextmanager
+def _one_start_at_a_time() -> Iterator[None]:
+    """Hold a lock while this process starts its server: two pytest-xdist workers starting
+    theirs at once would both pick the first free port."""
+    digest = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
+    with open(Path(tempfile.gettempdir()) / f"tenantlab-test-start-{digest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
-def admin_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
+def admin_dsn() -> Iterator[str]:
     """Start the server unless it runs (and stop it after, if we started it)."""
-    with db.server_session() as dsn:
-        db.ensure_template(dsn)
+    with ExitStack() as stack:
+        with _one_start_at_a_time():
+            dsn = stack.enter_context(db.server_session())
+            db.ensure_template(dsn)
         yield dsn
         # Nothing the suite started may still be connected: every experiment cleans up. Other
-        # processes' scratch databases (another run on the same server) are not ours to judge;
-        # under pytest-xdist, neither are the sessions outside them (another worker's tests
-        # use them now): the controller looks at those once every worker has ended.
+        # processes' scratch databases (another run on the same server) are not ours to judge.
         mine = f"_{os.getpid()}_"
-        shared = _xdist_worker(request.config)
         left = [b for b in db.leftover_backends(dsn)
-                if mine in (b["datname"] or "")
-                or not (shared or (b["datname"] or "").startswith("tenantlab_"))]
+                if not (b["datname"] or "").startswith("tenantlab_") or mine in b["datname"]]
         assert not left, f"tenantlab backends left behind after the suite: {left}"
         dbs = [name for name in db.scratch_databases(dsn) if mine in name]
         assert not dbs, f"scratch databases left behind: {dbs}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` (`make test`), keep each file on one worker: its module fixtures
+    set up once, its tests in their order."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 
 @pytest.fixture
