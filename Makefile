@@ -66,8 +66,12 @@ venv: $(DEV_STAMP)
 lab: $(LAB_STAMP)
 	$(VENV)/bin/tenantlab lab $(LAB_ARGS)
 
+# Two pytest-xdist workers (most tests wait on workers, locks and timers, not on the CPU), each
+# file on one worker, each worker with an embedded server of its own (tests/conftest.py).
+# TEST_WORKERS=0: one process; the default with TENANTLAB_DATABASE_URL, a server they would share.
+TEST_WORKERS ?= $(if $(TENANTLAB_DATABASE_URL),0,2)
 test: $(DEV_STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 # Every finding five times: the README's matrix and FINDINGS.md state the ranges of this run.
 REPEAT ?= 5

@@ -2,25 +2,53 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import itertools
 import os
 import secrets
+import tempfile
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
 from psycopg import sql
 
-from tenantlab import db
+from tenantlab import db, server, settings
 
 ROOT = Path(__file__).resolve().parent.parent
+# Marks what this pytest process starts (kernels, workers, PgBouncers: children inherit it), so
+# that a test can tell its own processes from another pytest-xdist worker's.
+os.environ["TENANTLAB_TEST_PROCESS"] = str(os.getpid())
+# `make test` runs two pytest-xdist workers. The first uses the checkout's embedded server as a
+# single process does; any other gets an embedded server of its own (.tenantlab/gw1, started and
+# stopped by it, initialised on its first run), so that no test sees another worker's sessions:
+# the horizon's "other sessions' transactions", the checks of what a run left on the server.
+# Set here, before anything reads the settings; children inherit it.
+if (_worker := os.environ.get("PYTEST_XDIST_WORKER", "gw0")) != "gw0" \
+        and not settings.database_url():
+    os.environ["TENANTLAB_HOME"] = str(server.home() / _worker)
+    os.environ.pop("TENANTLAB_PORT", None)
+
+
+@contextmanager
+def _one_start_at_a_time() -> Iterator[None]:
+    """Hold a lock while this process starts its server: two pytest-xdist workers starting
+    theirs at once would both pick the first free port."""
+    digest = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
+    with open(Path(tempfile.gettempdir()) / f"tenantlab-test-start-{digest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
 def admin_dsn() -> Iterator[str]:
     """Start the server unless it runs (and stop it after, if we started it)."""
-    with db.server_session() as dsn:
-        db.ensure_template(dsn)
+    with ExitStack() as stack:
+        with _one_start_at_a_time():
+            dsn = stack.enter_context(db.server_session())
+            db.ensure_template(dsn)
         yield dsn
         # Nothing the suite started may still be connected: every experiment cleans up. Other
         # processes' scratch databases (another run on the same server) are not ours to judge.
@@ -30,6 +58,14 @@ def admin_dsn() -> Iterator[str]:
         assert not left, f"tenantlab backends left behind after the suite: {left}"
         dbs = [name for name in db.scratch_databases(dsn) if mine in name]
         assert not dbs, f"scratch databases left behind: {dbs}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` (`make test`), keep each file on one worker: its module fixtures
+    set up once, its tests in their order."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 
 @pytest.fixture

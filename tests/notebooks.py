@@ -67,10 +67,15 @@ def run_clean(name: str, dsn: str) -> tuple[nbformat.NotebookNode, str]:
 
 def record(name: str, seconds: float) -> None:
     """Keep how long notebook `name` took, top to bottom (a record, never asserted)."""
+    import fcntl
+
     TIMINGS.parent.mkdir(parents=True, exist_ok=True)
-    times = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
-    times[name] = round(seconds, 1)
-    TIMINGS.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+    # Under a lock: the suite's two pytest-xdist workers may each finish a notebook at once.
+    with open(TIMINGS.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        times = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
+        times[name] = round(seconds, 1)
+        TIMINGS.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
 
 
 def git(cwd: Path, *args: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -26,11 +27,21 @@ def _cmdline(pid: str) -> str:
         return ""  # gone meanwhile
 
 
+def _environ(pid: str) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []  # gone meanwhile
+
+
 def _no_pgbouncer_left() -> None:
     out = subprocess.run(["pgrep", "-x", "pgbouncer"], capture_output=True, text=True).stdout
-    # Only pgbouncers the kit started: their ini lives in a tenantlab directory.
+    # Only pgbouncers the kit started (their ini lives in a tenantlab directory) from this test
+    # process or its kernels (conftest marks their environment): not another pytest-xdist
+    # worker's, nor another checkout's run on the same machine.
+    ours = f"TENANTLAB_TEST_PROCESS={os.getpid()}"
     mine = [pid for pid in out.split()
-            if "tenantlab-pgbouncer-" in _cmdline(pid)]
+            if "tenantlab-pgbouncer-" in _cmdline(pid) and ours in _environ(pid)]
     assert mine == [], f"pgbouncer processes left running: {mine}"
 
 

@@ -16,6 +16,16 @@ update jobs
                for update)
 returning id, tenant_id, attempts as attempt, kind, payload;
 
+-- Run by the workers experiment before a plain FOR UPDATE round with two workers or more: the
+-- job every claim wants first, locked until the sampler has seen a claim queue on it, so that
+-- the round's claims line up whatever the machine's scheduling (a fast drain cannot slip
+-- between two samples).
+-- name: hold_first_claimable
+select id from claimable
+ where kind = any(%(kinds)s::text[])
+ order by claimable_at, id limit 1
+   for update;
+
 -- Run by the workers experiment as admin every few milliseconds: what the workers' server
 -- sessions are doing now. `RowLock` = queued behind another transaction's row lock; `Lock` =
 -- another heavyweight lock (extending a table, say); `CPU` = running, waiting on nothing;

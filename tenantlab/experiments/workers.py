@@ -28,7 +28,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -99,14 +99,23 @@ def claimers(dsn: str, n: int, path: Path) -> Iterator[list[subprocess.Popen]]:
 
 def one_round(s: db.Scratch, path: Path, n: int, workers: int, claim: str, jobs: int,
               interval: float = 0.01) -> dict[str, Any]:
-    """Queue `jobs` no-op jobs, let `workers` processes drain them; return what was measured."""
-    with s.connect("admin", "workers round", autocommit=True) as admin:
+    """Queue `jobs` no-op jobs, let `workers` processes drain them; return what was measured.
+
+    A plain FOR UPDATE round with two workers or more starts with its first job held (as a claim
+    holds it) until a sample has seen a claim waiting on it: the claims line up however fast the
+    drain, and the round's other waits are as they come (the hold adds a few samples to its span).
+    """
+    with s.connect("admin", "workers round", autocommit=True) as admin, ExitStack() as stack:
         admin.execute(q("reset_queue"))
         with s.connect("worker", "workers enqueue", autocommit=True) as conn:
             queue.enqueue(conn, "noop", count=jobs)
         admin.execute(q("analyze_jobs"))
         seen: Counter[str] = Counter()
         pairs: Counter[str] = Counter()
+        holder = None
+        if claim == "plain" and workers > 1:
+            holder = stack.enter_context(s.connect("worker", "workers hold"))
+            holder.execute(q("hold_first_claimable"), {"kinds": ["noop"]})
         cpu0 = cpu_times()
         admin.execute(q("claimers_notify"), {"payload": f"go {n} {workers} {claim}"})
         deadline = time.monotonic() + 60 + jobs * 0.05
@@ -125,6 +134,9 @@ def one_round(s: db.Scratch, path: Path, n: int, workers: int, claim: str, jobs:
                 seen[what] += sessions
                 if what == "RowLock":
                     pairs[f"{waiter} on {blocker}"] += sessions
+            if holder is not None and any(raw.startswith("claim ") for raw in pairs):
+                holder.commit()  # a claim was seen queuing on the held job: let the round run
+                holder = None
             samples += 1
             time.sleep(interval)
         cpu1 = cpu_times()
