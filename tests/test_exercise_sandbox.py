@@ -209,7 +209,7 @@ UNISOLATED = [
 ]
 
 
-@pytest.mark.parametrize("ex_id,answer,harm", UNISOLATED)
+@pytest.mark.parametrize("ex_id,answer,harm", UNISOLATED, ids=[u[2] for u in UNISOLATED])
 def test_without_the_isolation_the_escapes_do_harm(
         admin_dsn: str, victims: dict[str, psycopg.Connection], monkeypatch: pytest.MonkeyPatch,
         ex_id: str, answer: str, harm: str) -> None:
