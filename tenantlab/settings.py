@@ -83,6 +83,8 @@ def check() -> None:
     outside_file()
     outside_hang()
     pgbouncer_url()
+    exercises_file()
+    solutions()
 
 
 def database_url() -> str | None:
@@ -223,10 +225,31 @@ def probe_dsn() -> str | None:
 
 
 def exercises_file() -> Path | None:
-    """Return TENANTLAB_EXERCISES, the file that keeps exercise progress, when set."""
-    return Path(env) if (env := _get(EXERCISES)) else None
+    """Return TENANTLAB_EXERCISES, the file that keeps exercise progress, when set.
+
+    An absolute path only: a kernel runs in notebooks/, a terminal anywhere, so a relative one
+    would name a different file for each (and write into the checkout).
+    """
+    if not (env := _get(EXERCISES)):
+        return None
+    path = Path(env).expanduser()
+    if not path.is_absolute():
+        raise ConfigurationError(f"{EXERCISES}={env} is a relative path: give an absolute one "
+                                 f"(e.g. {Path(env).resolve()}), since kernels and terminals "
+                                 "run in different directories")
+    if path.is_dir():
+        raise ConfigurationError(f"{EXERCISES}={env} is a directory: it names the progress file")
+    return path
 
 
 def solutions() -> bool:
     """Return True when TENANTLAB_SOLUTIONS asks for the exercises' solutions expanded."""
-    return _get(SOLUTIONS) in ("1", "true", "yes")
+    value = (_get(SOLUTIONS) or "0").lower()
+    if value in ("on", "y"):
+        value = "yes"
+    if value in ("off", "n"):
+        value = "no"
+    if value not in _YES + _NO:
+        raise ConfigurationError(f"{SOLUTIONS} must be 1 or 0 (true/false, yes/no, on/off), "
+                                 f"not {_get(SOLUTIONS)!r}")
+    return value in _YES

@@ -83,6 +83,13 @@ OFFLINE: list[tuple[str, list[str], dict[str, str]]] = [
     ("env", TL + ["lab", "--no-browser"], {"TENANTLAB_NOTEBOOKS": NOWHERE}),
     ("env", TL + ["status"], {"TENANTLAB_OUTSIDE_HANG": "inf"}),
     ("env", TL + ["status"], {"TENANTLAB_USE_DATABASE_URL": "maybe"}),
+    ("env", TL + ["status"], {"TENANTLAB_SOLUTIONS": "sometimes"}),
+    ("env", TL + ["exercises", "list"], {"TENANTLAB_EXERCISES": "progress.json"}),
+    ("env", TL + ["exercises", "list"], {"TENANTLAB_EXERCISES": "{dir}"}),
+    # Answer files that cannot be checked: one line, exit 2, before any server is needed.
+    ("answer", TL + ["exercises", "check", "leak", "--answer", f"{NOWHERE}/a.sql"], {}),
+    ("answer", TL + ["exercises", "check", "leak", "--answer", "{dir}"], {}),
+    ("answer", TL + ["exercises", "check", "nosuch", "--answer", "{file}"], {}),
     # up/down manage only the embedded server.
     ("embedded", TL + ["--database-url", GOOD_DSN, "up"], {}),
     ("embedded", TL + ["--database-url", GOOD_DSN, "down"], {}),

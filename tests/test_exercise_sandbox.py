@@ -372,3 +372,21 @@ def test_clean_scratch_removes_what_a_killed_process_left(
     assert name not in db.scratch_databases(admin_dsn)
     assert cli.main(["clean-scratch"]) == 0
     assert "no leftover" in capsys.readouterr().out
+
+
+def test_solutions_and_progress_settings_say_what_they_accept(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tenantlab import settings
+    from tenantlab.errors import ConfigurationError
+
+    for value, shown in (("on", True), ("yes", True), ("1", True), ("off", False), ("0", False)):
+        monkeypatch.setenv("TENANTLAB_SOLUTIONS", value)
+        assert settings.solutions() is shown
+    monkeypatch.setenv("TENANTLAB_SOLUTIONS", "maybe")
+    with pytest.raises(ConfigurationError, match="must be 1 or 0"):
+        settings.solutions()
+    monkeypatch.setenv("TENANTLAB_EXERCISES", "progress.json")
+    with pytest.raises(ConfigurationError, match="relative path"):
+        settings.exercises_file()
+    monkeypatch.setenv("TENANTLAB_EXERCISES", str(tmp_path / "p.json"))
+    assert settings.exercises_file() == tmp_path / "p.json"
