@@ -376,6 +376,11 @@ def explain(e: BaseException) -> str | None:
     if isinstance(e, TenantlabError | JobQueueError):
         return str(e)
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, psycopg.errors.ObjectInUse):
+        # CREATE DATABASE ... TEMPLATE while a psql or a GUI is connected to the template: the
+        # server answered, so this is not an outage (nor a password).
+        return (f"{first}\nclose the other session on that database (a psql or a GUI left "
+                "connected to it?), then run again; `tenantlab status` names the server")
     if isinstance(e, psycopg.errors.InsufficientPrivilege) and "tenantlab_" in first:
         # On 16+ a CREATEROLE admin manages only the roles it created (or was given ADMIN on).
         return (f"{first}\nthe kit was set up on this server by another admin: ask them to run "

@@ -390,3 +390,14 @@ def test_solutions_and_progress_settings_say_what_they_accept(
         settings.exercises_file()
     monkeypatch.setenv("TENANTLAB_EXERCISES", str(tmp_path / "p.json"))
     assert settings.exercises_file() == tmp_path / "p.json"
+
+
+def test_a_session_left_on_the_template_is_named_not_read_as_a_password(
+        admin_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    answer = tmp_path / "a.sql"
+    answer.write_text("set local app.tenant = %(tenant)s")
+    with psycopg.connect(db.with_db(admin_dsn, db.TEMPLATE)):  # a psql left connected
+        assert cli.main(["exercises", "check", "leak", "--answer", str(answer)]) == 2
+    err = capsys.readouterr().err
+    assert "is being accessed by other users" in err and "a psql or a GUI" in err
+    assert "password" not in err and err.count("\n") == 2
