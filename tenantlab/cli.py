@@ -340,6 +340,11 @@ EMBEDDED_ONLY = ("up", "down")
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A terminal or PYTHONIOENCODING that cannot show ✓ or an accent gets a stand-in character,
+    # never a UnicodeEncodeError after the work is done.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="tenantlab: %(message)s")
@@ -355,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `tenantlab ... --json | head -1`: the reader has all it wanted. Silence the flush at
+        # exit too (it would write to the closed pipe and print a second error).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:
         message = explain(e)
         if args.debug or message is None:
@@ -376,6 +386,13 @@ def explain(e: BaseException) -> str | None:
     if isinstance(e, TenantlabError | JobQueueError):
         return str(e)
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, psycopg.errors.ReadOnlySqlTransaction):
+        return (f"{first}\nthe kit writes to the server, and this session is read-only: is "
+                "default_transaction_read_only set in PGOPTIONS, or on the role or database? "
+                "(or is this a standby?)")
+    if isinstance(e, psycopg.ProgrammingError) and first.startswith("bad value for"):
+        return (f"{first}: check the PG* environment variables (PGCONNECT_TIMEOUT, ...) and the "
+                "parameters in the server's URL")
     if isinstance(e, psycopg.errors.ObjectInUse):
         # CREATE DATABASE ... TEMPLATE while a psql or a GUI is connected to the template: the
         # server answered, so this is not an outage (nor a password).

@@ -111,6 +111,19 @@ SERVER: list[tuple[str, list[str], dict[str, str]]] = [
 ]
 
 
+# libpq's and Python's own variables in the shell, against the session's server ({admin}).
+SHELL_ENV: list[tuple[str, list[str], dict[str, str]]] = [
+    ("libpq", TL + ["exercises", "check", "leak", "--answer", "{answer}"],
+     {"TENANTLAB_DATABASE_URL": "{admin}", "PGCONNECT_TIMEOUT": "abc"}),
+    ("libpq", TL + ["exercises", "check", "leak", "--answer", "{answer}"],
+     {"TENANTLAB_DATABASE_URL": "{admin}", "PGOPTIONS": "-c default_transaction_read_only=on"}),
+    ("libpq", TL + ["exercises", "check", "poison", "--answer", "{answer}"],
+     {"TENANTLAB_DATABASE_URL": "{admin}", "PGCONNECT_TIMEOUT": "-"}),
+    ("python", TL + ["exercises", "check", "leak", "--answer", "{broken}"],
+     {"TENANTLAB_DATABASE_URL": "{admin}", "PYTHONIOENCODING": "ascii"}),
+]
+
+
 def _environment(tmp: Path) -> dict[str, str]:
     """The caller's environment without the kit's variables: each row sets its own."""
     env = {k: v for k, v in os.environ.items()
@@ -179,6 +192,19 @@ def test_a_refused_login_or_a_missing_database_is_configuration(admin_dsn: str,
             "no_db": make_conninfo(admin_dsn, dbname="tenantlab_no_such_database")}
     assert conninfo_to_dict(fill["no_db"])["dbname"] == "tenantlab_no_such_database"
     _check(SERVER, tmp_path, fill, status=2)
+
+
+def test_libpq_and_python_variables_in_the_shell_are_one_or_two_lines(
+        admin_dsn: str, tmp_path: Path) -> None:
+    (tmp_path / "answer.sql").write_text("set local app.tenant = %(tenant)s")
+    (tmp_path / "broken.sql").write_text("select café from nowhere_é")  # not yet, in ascii
+    fill = {"admin": admin_dsn, "answer": str(tmp_path / "answer.sql"),
+            "broken": str(tmp_path / "broken.sql")}
+    _check(SHELL_ENV[:3], tmp_path, fill)
+    code, out, err = _run([a.format(**fill) for a in SHELL_ENV[3][1]],
+                          _environment(tmp_path) | {k: v.format(**fill)
+                                                    for k, v in SHELL_ENV[3][2].items()})
+    assert code == 1 and out.startswith("not yet: ") and "Traceback" not in err, (out, err)
 
 
 def test_a_refused_reconnect_is_configuration_not_an_outage() -> None:
