@@ -13,7 +13,9 @@ import os
 import pwd
 import secrets
 import shutil
+import shlex
 import socket
+import sys
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,6 +245,13 @@ class Server:
                         self.data / "postmaster.pid", stale)
             (self.data / "postmaster.pid").unlink()
         port = port or self.port() or _free_port(DEFAULT_PORT)
+        socket_path = f"{self.run_dir}/.s.PGSQL.{port}"
+        if len(socket_path.encode()) > MAX_SOCKET_PATH:
+            # Before initdb: PostgreSQL would fail only at its start, in its log.
+            raise ServerError(
+                f"the server's socket path {socket_path} is {len(socket_path.encode())} bytes, "
+                f"more than the {MAX_SOCKET_PATH} a Unix socket allows: set TENANTLAB_HOME to a "
+                "shorter directory (e.g. /tmp/tenantlab) or move the checkout")
         if not port_free(port):
             raise ServerError(f"port {port} on 127.0.0.1 is taken by another process: choose "
                               "another with `tenantlab up --port N` (lab: --db-port N) or TENANTLAB_PORT")
@@ -260,8 +269,9 @@ class Server:
         if not version_file.exists():
             self._initdb(bins, user)
         self.port_file.write_text(f"{port}\n")
+        # pg_ctl hands -o to a shell: the directory is quoted (a home with a space in its path).
         opts = (f"-c port={port} -c listen_addresses={self.listen} "
-                f"-c unix_socket_directories={self.run_dir}")
+                f"-c {shlex.quote(f'unix_socket_directories={self.run_dir}')}")
         started = self._run([str(bins / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(self.data),
                              "-l", str(self.logfile), "-o", opts], user, check=False)
         if started.returncode != 0:
@@ -339,6 +349,10 @@ class Server:
                 shutil.rmtree(path, ignore_errors=True)
             gone.append(path)
         return gone
+
+
+#: A Unix socket's path is at most 107 bytes (108 with its NUL) on Linux and 103 on macOS.
+MAX_SOCKET_PATH = 103 if sys.platform == "darwin" else 107
 
 
 def alive(pid: int) -> bool:

@@ -118,6 +118,26 @@ def test_port_taken_is_a_one_line_error(home: Path) -> None:
             Server(home).up(port=port)
 
 
+def test_a_socket_path_too_long_is_refused_before_anything_is_made() -> None:
+    deep = Path("/tmp") / ("d" * 100) / "home"
+    with pytest.raises(ServerError, match=r"socket path .* bytes, more than the 10[37]"):
+        Server(deep).up(port=free_port())
+    assert not deep.parent.exists()  # refused before initdb made anything
+
+
+def test_a_home_with_a_space_in_its_path_starts() -> None:
+    home = Path(tempfile.mkdtemp(prefix="tl space ", dir="/tmp"))
+    home.chmod(0o755)
+    server = Server(home)
+    try:
+        server.up(port=free_port())
+        with psycopg.connect(server.dsn()) as conn:
+            assert conn.execute("select 1").fetchone() == (1,)
+    finally:
+        server.down()
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def test_stale_pid_file_is_removed_and_the_server_starts(home: Path, caplog) -> None:
     server = Server(home)
     server.up(port=free_port())
