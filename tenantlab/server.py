@@ -12,11 +12,11 @@ import logging
 import os
 import pwd
 import secrets
-import shutil
 import shlex
+import shutil
 import socket
-import sys
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
