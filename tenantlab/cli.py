@@ -9,6 +9,8 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
+import urllib.parse
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -135,11 +137,13 @@ def _run_lab(args: argparse.Namespace, nbdir: Path, token: str, dsn: str) -> int
         cmd.append("--no-browser")
     if os.geteuid() == 0:
         cmd.append("--allow-root")
-    print(f"JupyterLab: http://{args.ip}:{args.port}/lab?token={token}", file=sys.stderr)
     # Its own session: a Ctrl-C reaches us, and we stop Jupyter before the server. And it ends
     # with us whatever ends us (a kill -9, a closed terminal): no orphan keeps the port.
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_end_with_parent)
     try:
+        # The link once it works: printed earlier, a click got "connection refused".
+        if _answers(proc, args.ip, args.port, token):
+            print(f"JupyterLab: {lab_url(args.ip, args.port, token)}", file=sys.stderr)
         return proc.wait()
     except KeyboardInterrupt:
         print("stopping JupyterLab ...", file=sys.stderr)
@@ -152,6 +156,29 @@ def _run_lab(args: argparse.Namespace, nbdir: Path, token: str, dsn: str) -> int
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def lab_url(ip: str, port: int, token: str) -> str:
+    """Return the link a participant clicks: an IPv6 address in brackets, the token encoded."""
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}/lab?token={urllib.parse.quote(token, safe='')}"
+
+
+def _answers(proc: subprocess.Popen, ip: str, port: int, token: str,
+             timeout: float = 180) -> bool:
+    """Wait until JupyterLab answers on its port (True), or its process ended (False)."""
+    import urllib.request
+
+    near = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(ip, ip)
+    url = lab_url(near, port, token).replace("/lab?", "/api/status?")
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return True
+        except OSError:
+            time.sleep(0.25)
+    return proc.poll() is None
 
 
 def _end_with_parent() -> None:

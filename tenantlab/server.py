@@ -394,14 +394,15 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     """Return True when nothing listens on host:port, so a server of ours may bind it."""
     # Something answers: taken. Checked first because on macOS SO_REUSEADDR lets the bind below
     # succeed next to a listener on the wildcard address.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.settimeout(1)
         try:
             if probe.connect_ex((host, port)) == 0:
                 return False
         except OSError:  # an unknown host name: the bind below says so
             pass
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         # As postgres binds: connections in TIME_WAIT from a server just stopped do not count,
         # only another listener does.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

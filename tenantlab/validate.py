@@ -47,13 +47,15 @@ def directory(text: str) -> str:
 
 
 def listen_address(text: str) -> str:
-    """An address of this machine to listen on (an IPv4 address or a host name for one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((text, 0))
-        except OSError as e:
-            reason = e.strerror or type(e).__name__
-            raise argparse.ArgumentTypeError(f"{text!r} is not an address this machine can "
-                                             f"listen on ({reason}): try 127.0.0.1 or 0.0.0.0"
-                                             ) from None
-    return text
+    """An address of this machine to listen on: IPv4, IPv6 (``::1``, ``[::1]``) or a host name."""
+    address = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    reason = ""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((address, 0))
+                return address
+            except OSError as e:
+                reason = reason or e.strerror or type(e).__name__
+    raise argparse.ArgumentTypeError(f"{text!r} is not an address this machine can listen on "
+                                     f"({reason}): try 127.0.0.1, ::1 or 0.0.0.0")

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -113,3 +114,40 @@ def _save_a_run_through_jupyterlab(port: int, token: str, checkout: Path) -> Non
         assert r.status == 200
     assert '"ran' in (checkout / "notebooks" / name).read_text()  # saved, outputs and all
     assert git(checkout, "status", "--porcelain") == ""
+
+
+def test_the_printed_link_works_at_once_with_ipv6_and_any_token() -> None:
+    """The link is printed once JupyterLab answers; it brackets an IPv6 address and encodes the
+    token, so the very link printed opens the lab (no 'connection refused', no 403)."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    home = Path(tempfile.mkdtemp(prefix="tl-lab6-", dir="/tmp"))
+    home.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "TENANTLAB_DATABASE_URL")}
+    env.update(TENANTLAB_HOME=str(home), JUPYTER_CONFIG_DIR=str(home / "jupyter"),
+               JUPYTER_TOKEN="a b/&c=d?#é")
+    log = (home / "lab.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tenantlab", "lab", "--no-browser", "--ip", "::1",
+         "--port", str(free_port()), "--db-port", str(free_port())],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline, link = time.monotonic() + 150, ""
+        while not link and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            link = next((ln.split("JupyterLab: ", 1)[1] for ln in
+                         (home / "lab.log").read_text().splitlines()
+                         if ln.startswith("JupyterLab: ")), "")
+        assert link.startswith("http://[::1]:"), (home / "lab.log").read_text()[-2000:]
+        assert "a%20b%2F%26c%3Dd%3F%23%C3%A9" in link
+        with urllib.request.urlopen(link, timeout=10) as r:  # at once: no retry
+            assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        Server(home).down()
+        shutil.rmtree(home, ignore_errors=True)
