@@ -37,16 +37,33 @@ class Lab:
         return f"PostgreSQL {self.version} is ready ({'full' if full() else 'workshop'} size)"
 
 
+class SetupFailed(Exception):
+    """The notebook's first cell could not reach the server: one line, no traceback.
+
+    IPython shows what ``_render_traceback_`` returns instead of a traceback.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[31m{self}\x1b[0m"]
+
+
 def setup() -> Lab:
     """Check the server, build the template if needed, and make charts work offline."""
     try:
         dsn = db.admin_dsn()
         version = db.server_version(dsn)
-    except ServerNotRunning as e:
-        raise ServerNotRunning(
-            f"{e}. In a terminal in the repository: `make lab` (or `tenantlab up`)."
-        ) from None
-    db.ensure_template(dsn)
+        db.ensure_template(dsn)
+    except ServerNotRunning:
+        raise SetupFailed(
+            "PostgreSQL is not running: in a terminal in the repository run `make lab` (or "
+            "`tenantlab up`), or set TENANTLAB_DATABASE_URL to a PostgreSQL 15+ server; then "
+            "run this cell again") from None
+    except Exception as e:  # a refused login, a server that went away, a setting: the CLI's words
+        from .cli import explain
+
+        if (message := explain(e)) is None:
+            raise
+        raise SetupFailed(" ".join(message.splitlines()) + "; then run this cell again") from None
     _offline_charts()
     _tables()
     return Lab(dsn=dsn, version=version)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ipywidgets as w
+import pytest
 
 from tenantlab import nb
 
@@ -33,3 +36,23 @@ def test_run_panel_shows_an_error_and_frees_the_button() -> None:
     button.click()  # the output area takes the traceback (as it shows it in a notebook)
     assert button.disabled is False
 
+
+
+def test_the_first_cell_with_the_server_down_is_one_line(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No traceback, and the advice once: what a participant sees when the server is down."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.delenv("TENANTLAB_DATABASE_URL", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setenv("TENANTLAB_HOME", str(tmp_path / "no-server-here"))
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_cell("import tenantlab.nb as nb\nlab = nb.setup()")
+    finally:
+        InteractiveShell.clear_instance()
+    shown = capsys.readouterr().out
+    lines = [ln for ln in shown.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in shown, shown
+    assert "PostgreSQL is not running" in lines[0] and lines[0].count("make lab") == 1
