@@ -24,7 +24,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from . import queries, settings
-from .errors import TenantlabError
+from .errors import ConfigurationError, TenantlabError
 from .jobqueue import migrations
 from .server import ServerNotRunning, embedded, home
 
@@ -53,6 +53,12 @@ def admin_dsn() -> str:
             "PostgreSQL is not running: start it with `tenantlab up` (or `make lab`), "
             "or point TENANTLAB_DATABASE_URL at a PostgreSQL 15+ server"
         )
+    if (asked := settings.port()) is not None and asked != server.port():
+        # Not silently another server than the one the variable names.
+        raise ConfigurationError(
+            f"TENANTLAB_PORT={asked}, but the embedded server in {server.home} runs on port "
+            f"{server.port()}: unset TENANTLAB_PORT, or move the server (`tenantlab down`, "
+            f"then `tenantlab up --port {asked}`)")
     return server.dsn()
 
 

@@ -55,3 +55,19 @@ def test_a_bad_port_variable_says_what_is_valid(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("TENANTLAB_PORT", "eighty")
     with pytest.raises(settings.TenantlabError, match="TENANTLAB_PORT must be a port number"):
         settings.port()
+
+
+def test_tenantlab_port_naming_no_running_server_is_refused(
+        admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TENANTLAB_PORT names the embedded server's port: another port is said, not ignored."""
+    from tenantlab import db
+    from tenantlab.errors import ConfigurationError
+    from tenantlab.server import embedded, free_port
+
+    if settings.database_url():
+        pytest.skip("the suite runs on TENANTLAB_DATABASE_URL, not the embedded server")
+    monkeypatch.setenv("TENANTLAB_PORT", str(free_port()))
+    with pytest.raises(ConfigurationError, match=r"but the embedded server in .* runs on port"):
+        db.admin_dsn()
+    monkeypatch.setenv("TENANTLAB_PORT", str(embedded().port()))
+    assert db.admin_dsn() == admin_dsn
