@@ -212,7 +212,8 @@ class Leased:
                                         f"attempt {claim.attempt}: not started")
                     step = "complete"
                     fn = work or self.handlers.lookup(claim)
-                    result = fn(conn, claim)
+                    with client_binding(conn):
+                        result = fn(conn, claim)
                     # The heartbeat covers the work only: released before the finish, a beat
                     # can never run into this attempt's own completion and call it lost.
                     self.release(claim)
@@ -246,7 +247,10 @@ class Leased:
 
     def _start(self, conn: psycopg.Connection, claim: Claim) -> bool:
         """Start the job (tenant set locally) if it is still this attempt's; False: fenced."""
-        return self._started(claim, conn.execute(*self.start_query(claim)).fetchone())
+        with conn.pipeline():
+            cur = conn.execute(*self.start_query(claim))
+            release_snapshot(conn)
+        return self._started(claim, cur.fetchone())
 
     def _started(self, claim: Claim, row: Any) -> bool:
         if not row:
@@ -372,11 +376,13 @@ class Leased:
                         with conn.pipeline():
                             conn.execute(f"savepoint j{i}")
                             cur = conn.execute(*self.start_query(c))
+                            release_snapshot(conn)
                         started[i] = self._started(c, cur.fetchone())
                     if not started[i]:
                         raise LeaseLost(f"job {c.id} lease ran out before its start at attempt "
                                         f"{c.attempt}: not started")
-                    result = self.handlers.lookup(c)(conn, c)
+                    with client_binding(conn):
+                        result = self.handlers.lookup(c)(conn, c)
                     self.release(c)
                     nxt = claims[i + 1] if i + 1 < len(claims) else None
                     with conn.pipeline():
@@ -384,6 +390,7 @@ class Leased:
                         if nxt is not None:
                             conn.execute(f"savepoint j{i + 1}")
                             cur = conn.execute(*self.start_query(nxt))
+                            release_snapshot(conn)
                     if not (row := done.fetchone()) or not row[0]:
                         raise LeaseLost(f"job {c.id} lease lost at attempt {c.attempt}")
                     c.run_id = row[1]
@@ -434,6 +441,37 @@ class Leased:
         """Stop the heartbeat's thread and close its connection."""
         if self._heartbeats is not None:
             self._heartbeats.close()
+
+
+#: Sent right after a start, in the same round trip. The start is a query with parameters:
+#: its (unnamed) portal, and the snapshot the portal registered, would stay open until the
+#: next statement. A handler that never queries would then hold back the horizon (VACUUM, the
+#: queue's index scans) for its whole run, with no transaction id to show for it. CLOSE ALL
+#: takes the unnamed portal's place and closes the rest: it holds no snapshot of its own.
+RELEASE_SNAPSHOT = "close all"
+
+
+@contextmanager
+def client_binding(conn: psycopg.Connection) -> Iterator[None]:
+    """Run a handler with client-side binding (``psycopg.ClientCursor``, the simple protocol).
+
+    Sent with server-side binding, a query with parameters leaves its portal, and the snapshot
+    the portal holds, open until the next statement: a handler that reads and then waits on
+    something else (an HTTP call, a sleep) would hold back the horizon for that long. Bound
+    client-side, nothing stays open. A handler that wants server-side binding (binary data,
+    prepared statements) asks for it with ``psycopg.Cursor(conn)``, and then keeps it short.
+    """
+    before = conn.cursor_factory
+    conn.cursor_factory = psycopg.ClientCursor
+    try:
+        yield
+    finally:
+        conn.cursor_factory = before
+
+
+def release_snapshot(conn: psycopg.Connection) -> None:
+    """Close what the last statement left open (its portal and snapshot) before a handler runs."""
+    conn.execute(RELEASE_SNAPSHOT)
 
 
 def broken(conn: psycopg.Connection) -> bool:
