@@ -35,10 +35,10 @@ from dataclasses import replace
 from typing import Any
 
 import psycopg
+from jobqueue import Leased, Worker, WorkerOptions, enqueue, enqueue_many
+from jobqueue.options import Parser, count, number
 
 from . import db, kinds, queue
-from .jobqueue import Leased, Worker, WorkerOptions, enqueue, enqueue_many
-from .jobqueue.options import Parser, count, number
 from .queries import q
 from .validate import output_file
 
@@ -250,7 +250,7 @@ def claim_cost(s: db.Scratch, history: int, samples: int = 500, **not_due: int) 
 
 def _worker_argv(*extra: str) -> list[str]:
     # The production entry point with the demo kinds: no notebook machinery to import.
-    return [sys.executable, "-m", "tenantlab.jobqueue", "--handlers", "tenantlab.kinds", *extra]
+    return [sys.executable, "-m", "jobqueue", "--handlers", "tenantlab.kinds", *extra]
 
 
 def _env(s: db.Scratch) -> dict[str, str]:

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from jobqueue import migrations
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from . import queries, settings
 from .errors import TenantlabError
-from .jobqueue import migrations
 from .server import ServerNotRunning, embedded, home
 
 if TYPE_CHECKING:

@@ -17,6 +17,7 @@ import psycopg
 from .. import db
 from ..finding import Check, check
 from ..queries import q
+from ..tenant import TENANT_SETTING
 from ._core import (
     Exercise,
     Jobs,
@@ -73,7 +74,7 @@ def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
 
 def _finish(conn: psycopg.Connection, answer: str, attempt: int, what: str) -> int:
     conn.execute("begin")
-    conn.execute(q("tenant_set_local"), {"tenant": "1"})
+    conn.execute(q("tenant_set_local"), {"tenant": "1", "setting": TENANT_SETTING})
     conn.execute(q("count_invoices"))  # the work
     n = finished_count(run_answer(conn, answer, {"id": JOB, "attempt": attempt,
                                                  "worker": what.split("'")[0],

@@ -16,6 +16,7 @@ from typing import Any
 from .. import db
 from ..finding import Check, check
 from ..queries import q
+from ..tenant import TENANT_SETTING
 from ._core import Exercise, Refused, first_nudge, run_answer, strip_comments, worker
 
 JOBS = 20
@@ -99,7 +100,8 @@ def scenario(answer: str, s: db.Scratch) -> tuple[list[Check], str]:
             job, tenant, attempt = row[0], row[1], row[2]
             with conn.transaction():
                 conn.execute(q("start_if_owner"), {"id": job, "attempt": attempt,
-                                                   "tenant": str(tenant)})
+                                                   "tenant": str(tenant),
+                                                   "setting": TENANT_SETTING})
                 counts[tenant] = int(db.scalar(conn, q("count_invoices")))
                 conn.execute(q("complete_if_owner"), {"id": job, "attempt": attempt,
                                                       "worker": "exercise", "started": None})

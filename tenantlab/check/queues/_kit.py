@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from jobqueue import Claim, enqueue
 
 from ... import __version__, db
-from ...jobqueue import Claim, enqueue
 from ...worker import worker_dsn
 from .. import bodies
 from ..adapter import Options, Setting, State
