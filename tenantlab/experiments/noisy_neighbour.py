@@ -101,7 +101,7 @@ def _drain(s: db.Scratch, k: Knobs, policy: str,
 
         # Every worker is up and waiting before the burst: startup never counts as waiting.
         deadline = time.monotonic() + 60
-        like = {"like": f"tenantlab noisy-{policy}-%"}
+        like = {"like": f"jobqueue noisy-{policy}-%"}
         while (watch.execute(q("workers_waiting"), like).fetchone() or [0])[0] < k.workers:
             alive()
             if time.monotonic() > deadline:
