@@ -1,4 +1,4 @@
-"""`python -m tenantlab.jobqueue`: a bad configuration is one line on stderr and exit 2, at once.
+"""`python -m jobqueue`: a bad configuration is one line on stderr and exit 2, at once.
 
 Each case runs the command line as a subprocess with a timeout: a command that retries a wrong
 password or a missing database as if it were an outage would run for ever, so "still running"
@@ -18,20 +18,20 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from jobqueue import enqueue
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tenantlab import db
-from tenantlab.jobqueue import enqueue
 from tenantlab.netproxy import Proxy
 
-PROG = [sys.executable, "-m", "tenantlab.jobqueue"]
+PROG = [sys.executable, "-m", "jobqueue"]
 EXIT_CONFIG = 2
 WAIT = 30.0  # far longer than a refusal takes; a command still running then retries for ever
 
 # Handler modules, importable from the child's working directory.
 MODULES = {
     "good_handlers": """
-        from tenantlab.jobqueue import Handlers
+        from jobqueue import Handlers
         handlers = Handlers({"noop": lambda conn, job: None})
     """,
     "empty_handlers": """
@@ -46,7 +46,7 @@ MODULES = {
     """,
     "slow_handlers": """
         import time
-        from tenantlab.jobqueue import Handlers
+        from jobqueue import Handlers
         handlers = Handlers({"slow": lambda conn, job: time.sleep(120)})
     """,
 }
@@ -219,7 +219,7 @@ def test_a_server_that_was_reachable_and_went_away_is_an_outage(home: Path,
         with scratch.connect("admin", "test cli", autocommit=True) as admin:
             wait_for("the worker's session", lambda: admin.execute(
                 "select count(*) from pg_stat_activity where application_name like "
-                "'tenantlab worker-%%'").fetchone()[0] == 1, proc)
+                "'jobqueue worker-%%'").fetchone()[0] == 1, proc)
         proxy.close()  # the server goes away: its sessions cut, new connections refused
         code, err = finish(proc)
     finally:

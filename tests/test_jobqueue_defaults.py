@@ -23,10 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
-
-from tenantlab import db, queue
-from tenantlab.jobqueue import (
+from jobqueue import (
     Claim,
     ConfigError,
     HeartbeatConfig,
@@ -37,15 +34,18 @@ from tenantlab.jobqueue import (
     WorkerOptions,
     enqueue,
 )
+from psycopg import sql
+
+from tenantlab import db, queue
 
 FINAL = ("done", "dead")
 
-# Handlers for workers started as `python -m tenantlab.jobqueue --handlers defaults_jobs`:
+# Handlers for workers started as `python -m jobqueue --handlers defaults_jobs`:
 # each execution appends a line to a file (outside the database, so a rollback cannot hide it).
 HANDLERS_MODULE = textwrap.dedent("""
     import os, time
 
-    from tenantlab.jobqueue import Handlers
+    from jobqueue import Handlers
 
     def slow(conn, job):
         with open(os.environ["DEFAULTS_EXECUTIONS"], "a") as f:
@@ -117,14 +117,14 @@ def in_thread(worker: Worker) -> Iterator[InThread]:
 
 @contextmanager
 def cli_workers(n: int, flags: list[str], dsn: str, tmp_path: Path) -> Iterator[Path]:
-    """Start `n` ``python -m tenantlab.jobqueue`` workers; yield the executions file; stop them."""
+    """Start `n` ``python -m jobqueue`` workers; yield the executions file; stop them."""
     (tmp_path / "defaults_jobs.py").write_text(HANDLERS_MODULE)
     executions = tmp_path / "executions"
     executions.touch()
     env = dict(os.environ, JOBQUEUE_DSN=dsn, DEFAULTS_EXECUTIONS=str(executions),
                PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path),
                                                         os.environ.get("PYTHONPATH")])))
-    procs = [subprocess.Popen([sys.executable, "-m", "tenantlab.jobqueue", "--handlers",
+    procs = [subprocess.Popen([sys.executable, "-m", "jobqueue", "--handlers",
                                "defaults_jobs", *flags], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for _ in range(n)]
     try:
@@ -352,7 +352,7 @@ def test_a_worker_without_handlers_refuses_to_start(scratch: db.Scratch,
     with conn.transaction():
         job = enqueue(conn, "b", tenant=1)
     # --until-empty only so that a worker that starts anyway ends on its own.
-    r = subprocess.run([sys.executable, "-m", "tenantlab.jobqueue", "worker", "--dsn",
+    r = subprocess.run([sys.executable, "-m", "jobqueue", "worker", "--dsn",
                         scratch.worker, "--until-empty"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2, f"exit {r.returncode}, job {state(conn, job)}: {r.stderr}"
@@ -376,7 +376,7 @@ def test_both_command_lines_refuse_fair_with_lossy_claim(scratch: db.Scratch,
                                                         env_with_db: dict[str, str],
                                                         tmp_path: Path) -> None:
     flags = ["--fair", "round-robin", "--lossy-claim", "--until-empty", "--dsn", scratch.worker]
-    jq = subprocess.run([sys.executable, "-m", "tenantlab.jobqueue", *flags],
+    jq = subprocess.run([sys.executable, "-m", "jobqueue", *flags],
                         capture_output=True, text=True, timeout=60)
     lab = subprocess.run([sys.executable, "-m", "tenantlab", "worker", *flags,
                           "--events", str(tmp_path / "events.jsonl")],
@@ -403,7 +403,7 @@ grant select, insert, update, delete on jobqueue.workers to {worker};
 
 
 def test_uuid_tenants_each_run_as_their_own_tenant(fresh_db: dict[str, str]) -> None:
-    from tenantlab.jobqueue.migrations import migrate
+    from jobqueue.migrations import migrate
 
     with psycopg.connect(fresh_db["admin"], autocommit=True) as c:
         c.execute(sql.SQL("set role {}").format(sql.Identifier(fresh_db["owner"])))

@@ -20,17 +20,17 @@ from typing import Any
 
 import psycopg
 import pytest
+from jobqueue import Claim, Leased, enqueue, ops
+from jobqueue import cli as jq_cli
+from jobqueue.heartbeat import Presence
 
 from tenantlab import db
-from tenantlab.jobqueue import Claim, Leased, enqueue, ops
-from tenantlab.jobqueue import cli as jq_cli
-from tenantlab.jobqueue.heartbeat import Presence
 
-PROG = [sys.executable, "-m", "tenantlab.jobqueue"]
+PROG = [sys.executable, "-m", "jobqueue"]
 ROOT = Path(__file__).resolve().parent.parent
 
 HANDLERS = """
-    from tenantlab.jobqueue import Handlers
+    from jobqueue import Handlers
 
     def boom(conn, job):
         raise ValueError(f"no invoice {job.payload.get('invoice')}")
@@ -152,7 +152,7 @@ def test_stats_jobs_and_show_say_what_failed_why_and_what_waits(
     r = subprocess.run([*PROG, "show", "999999", "--dsn", scratch.worker], env=child_env(),
                        cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "python -m tenantlab.jobqueue show: no job 999999"], r.stderr
+        "python -m jobqueue show: no job 999999"], r.stderr
 
 
 def test_retry_runs_a_dead_job_again_with_a_fresh_budget(conn: psycopg.Connection) -> None:
@@ -233,12 +233,12 @@ def test_a_notebook_shows_the_same_stats_as_a_table(conn: psycopg.Connection) ->
 
 
 def test_the_export_carries_the_operators_commands(tmp_path: Path) -> None:
-    from tenantlab.jobqueue.export import export
+    from tenantlab.export import export
 
     package = export(tmp_path, "shop")
     for rel in ("ops.py", "logs.py", "migrations/0002_outcomes.sql"):
         assert (package / rel).is_file(), rel
-    assert "python -m shop stats" in (package / "README.md").read_text()
+    assert "jobqueue stats" in (package / "README.md").read_text()
     assert "tenantlab" not in (package / "ops.py").read_text()
 
 

@@ -1,5 +1,7 @@
 """The kit's corrected worker (the ``jobqueue`` distribution) with its defaults, as a checked row.
 
+Installed as an application installs it: ``jobqueue migrate`` on the trial's database (the
+lab's tables in the schema jobqueue dropped first), the README's grants for the worker role.
 The scenario's lease (2 s) replaces the default 30 s; everything else is the default: the
 heartbeat every third of the lease, fenced start and finish, backoff, and the reaper every
 second with its grace equal to the lease (the defaults are 30 s and 30 s). Its worker process is
@@ -18,6 +20,7 @@ import psycopg
 from jobqueue import Claim, Handlers
 from jobqueue import cli as jobqueue_cli
 
+from ... import db
 from ...worker import worker_dsn
 from .. import bodies
 from ..adapter import Adapter, Options
@@ -51,6 +54,10 @@ class JobQueue(_kit.KitRow):
         "reaper": "notebooks/04-worker-crash.ipynb"})
     promises: str = ("every attempt counted before work; a job runs again only after a fault; "
                      "a late finish is fenced out; exhausted jobs are reaped dead")
+
+    def install(self, dsn: str) -> None:
+        """``jobqueue migrate`` as the owner role, on the product's schema alone."""
+        db.install_product(dsn)
 
     def worker_command(self, dsn: str, history: str, options: Options) -> list[str]:
         return _kit.python(MODULE, dsn, history, "--lease", str(options.lease),
