@@ -31,8 +31,7 @@ class ExportRefused(ValueError):
 
 def readme() -> str:
     """Return the distribution's README (the checkout's file, else the installed metadata's)."""
-    checkout = HERE.parent.parent  # jobqueue/src/jobqueue -> jobqueue/src: not the README's
-    for dist in (checkout.parent, checkout):
+    for dist in (HERE.parent.parent, HERE.parent):  # jobqueue/src/jobqueue, or a flat layout
         if (dist / "pyproject.toml").is_file() and (dist / "README.md").is_file():
             return (dist / "README.md").read_text()
     return str(metadata.metadata("jobqueue").get_payload())  # type: ignore[attr-defined]

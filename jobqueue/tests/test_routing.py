@@ -147,6 +147,8 @@ def test_the_claim_names_queue_and_priority_and_stops_early(scratch: Scratch, co
                       "from generate_series(1, 20000) g")
         admin.execute("insert into jobqueue.jobs (tenant_id, kind) values (1, 'noop')")
         admin.execute("vacuum analyze jobqueue.jobs")
+    if conn.info.server_version < 170000:
+        pytest.skip("PostgreSQL 17 walks `priority = any(...)` in index order; 15 and 16 read more")
     params = {"lease": 30, "batch": 1, "kinds": ["noop"], "queues": ["default"]}
     with conn.transaction(force_rollback=True):
         (doc,), = conn.execute(b"explain (analyze, buffers, format json) "
