@@ -85,19 +85,24 @@ def admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     home = Path(tempfile.mkdtemp(prefix="jobqueue-test-pg-"))
     if as_user:
         shutil.chown(home, "nobody")
-    data, port = home / "data", _free_port()
-    run = {"capture_output": True, "text": True, "timeout": 120}
-    made = subprocess.run([*as_user, initdb, "-D", str(data), "-U", "postgres", "-A", "trust",
-                           "-E", "UTF8", "--no-sync"], **run)
+    data, port, password = home / "data", _free_port(), secrets.token_hex(12)
+    (home / "pw").write_text(password)
+    if as_user:
+        shutil.chown(home / "pw", "nobody")
+    run: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 120}
+    # Passwords checked (scram), as on a real server: a wrong one must be refused.
+    made = subprocess.run([*as_user, initdb, "-D", str(data), "-U", "postgres",
+                           f"--pwfile={home / 'pw'}", "-A", "scram-sha-256", "-E", "UTF8",
+                           "--no-sync"], **run)
     if made.returncode != 0:
         shutil.rmtree(home, ignore_errors=True)
         pytest.skip(f"initdb failed ({made.stderr.strip()[-200:]}): set {DSN_ENV} instead")
-    options = f"-p {port} -k {home} -c listen_addresses='' -c fsync=off"
+    options = f"-p {port} -k {home} -c listen_addresses=127.0.0.1 -c fsync=off"
     started = subprocess.run([*as_user, pg_ctl, "-D", str(data), "-o", options, "-l",
                               str(home / "log"), "-w", "start"], **run)
     try:
         assert started.returncode == 0, started.stderr + (home / "log").read_text()
-        yield f"host={home} port={port} user=postgres dbname=postgres"
+        yield f"host=127.0.0.1 port={port} user=postgres password={password} dbname=postgres"
     finally:
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], **run)
         shutil.rmtree(home, ignore_errors=True)
