@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -235,3 +237,31 @@ def test_a_worker_with_batch_commit_runs_everything_to_a_final_state(scratch: db
     assert Worker(scratch.worker, options, kinds.handlers).run() == 23 + 3
     states = {(s["kind"], s["status"], s["attempts"]) for s in queue.job_states(conn)}
     assert states == {("count", "done", 1), ("fail", "dead", 3)}
+
+
+# The lab on the product (moved from the product's own defaults tests) -------------------------
+
+def test_the_lab_worker_overrides_no_private_method() -> None:
+    private = [name for name, value in vars(queue.Leased).items()
+               if name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+               and (inspect.isfunction(value)
+                    or isinstance(value, (staticmethod, classmethod, property)))]
+    assert private == [], f"tenantlab.queue.Leased overrides private methods: {private}"
+
+
+def test_both_command_lines_refuse_fair_with_lossy_claim(scratch: db.Scratch,
+                                                        env_with_db: dict[str, str],
+                                                        tmp_path: Path) -> None:
+    flags = ["--fair", "round-robin", "--lossy-claim", "--until-empty", "--dsn", scratch.worker]
+    jq = subprocess.run([sys.executable, "-m", "jobqueue", *flags],
+                        capture_output=True, text=True, timeout=60)
+    lab = subprocess.run([sys.executable, "-m", "tenantlab", "worker", *flags,
+                          "--events", str(tmp_path / "events.jsonl")],
+                         env=env_with_db, capture_output=True, text=True, timeout=60)
+    assert jq.returncode == 2, jq.stderr
+    assert lab.returncode == 2, f"tenantlab worker accepted it (exit {lab.returncode}): " \
+                                f"{lab.stderr.strip()}"
+    # One validation for both: the same message after each command's own prefix.
+    def message(err: str) -> str:
+        return err.strip().splitlines()[-1].split(": ", 1)[-1]
+    assert message(lab.stderr) == message(jq.stderr)

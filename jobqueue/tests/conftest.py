@@ -47,6 +47,7 @@ class Scratch:
     admin: str
     owner: str
     worker: str
+    worker_role: str
 
     def connect(self, role: str = "worker", name: str | None = None,
                 **kw: Any) -> psycopg.Connection:
@@ -177,7 +178,8 @@ def scratch(admin_dsn: str, template: Template) -> Iterator[Scratch]:
             owner=make_conninfo(admin_dsn, dbname=name, user=template.owner,
                                 password=template.owner_password),
             worker=make_conninfo(admin_dsn, dbname=name, user=template.worker,
-                                 password=template.worker_password))
+                                 password=template.worker_password),
+            worker_role=template.worker)
     finally:
         with _admin(admin_dsn) as admin:
             admin.execute(sql.SQL("drop database if exists {} with (force)").format(ident(name)))
