@@ -464,7 +464,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not args.verbose:
         # The lab's worker records every job in its event log; its stderr (a pipe the
         # experiments read at the end) gets the job lines only with -v.
-        logging.getLogger("tenantlab.jobs").setLevel(logging.CRITICAL)
+        logging.getLogger("jobqueue.jobs").setLevel(logging.CRITICAL)  # the queue's job lines
     events = EventLog(config.name, args.events)
     try:
         worker = lab_worker(worker_dsn(args.dsn), config, events)
