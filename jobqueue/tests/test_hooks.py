@@ -8,10 +8,11 @@ import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
-from conftest import Scratch
+from conftest import HERE, Scratch
 
 from jobqueue import (
     Claim,
@@ -171,3 +172,19 @@ def test_the_tenant_setting_is_a_bound_value_and_must_be_a_custom_setting(
                        timeout=60)
     assert r.returncode == 2 and "tenant-setting" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_the_readmes_metrics_counter_counts_what_the_worker_ran(scratch: Scratch,
+                                                               conn: psycopg.Connection) -> None:
+    readme = (HERE.parent / "README.md").read_text()
+    block = readme.split("### Hooks: your code around each job")[1].split("\n\n    # ")[1]
+    code = "# " + block.split("\n\n`before_start`")[0]
+    example: dict[str, Any] = {}
+    exec(textwrap.dedent("    " + code), example)  # the README's code, as written
+    metrics = example["hooks"]
+    assert isinstance(metrics, Hooks)
+    for _ in range(2):
+        enqueue(conn, "ok", tenant=1)
+    enqueue(conn, "fail", tenant=1, max_attempts=1)
+    run_all(scratch, metrics)
+    assert metrics.counts == {"ok.started": 2, "ok.done": 2, "fail.started": 1, "fail.failed": 1}
