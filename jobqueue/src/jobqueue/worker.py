@@ -104,6 +104,8 @@ class Worker:
                  handlers: Handlers | dict[str, Any] | None = None, *,
                  queue: Leased | None = None, events: Events | None = None,
                  schedules: Schedules | None = None, hooks: Hooks | None = None) -> None:
+        if queue is not None and hooks is not None:
+            raise ConfigError("hooks belong to the queue: pass them to the Leased given as queue")
         self.dsn = dsn
         self.options = o = options or WorkerOptions()
         self.name = o.name or f"worker-{os.getpid()}"
