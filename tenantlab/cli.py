@@ -430,10 +430,13 @@ def add_queue_commands(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=cmd_queue, ops=p.get_default("func"))
 
     x = sub.add_parser("export-worker",
-                       help="write the corrected worker into DIR as a standalone package")
+                       help="copy the jobqueue package into DIR, as it is, to vendor it "
+                            "(or: pip install ./jobqueue)")
     x.add_argument("dir", metavar="DIR", type=validate.directory,
                    help="directory to write into (created if missing)")
-    x.add_argument("--name", default="jobqueue", help="the package's name (default: jobqueue)")
+    x.add_argument("--name", default="jobqueue",
+                   help="the copy's directory name (default: jobqueue); its imports are "
+                        "relative, so any name works")
     x.add_argument("--force", action="store_true",
                    help="write into DIR/NAME even if it holds files no earlier export wrote "
                         "(same-named files are overwritten; nothing is deleted)")
