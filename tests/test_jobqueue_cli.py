@@ -68,7 +68,8 @@ def test_a_server_that_was_reachable_and_went_away_is_an_outage(home: Path,
         with scratch.connect("admin", "test cli", autocommit=True) as admin:
             wait_for("the worker's session", lambda: admin.execute(
                 "select count(*) from pg_stat_activity where application_name like "
-                "'jobqueue worker-%%'").fetchone()[0] == 1, proc)
+                "'jobqueue worker-%%' and datname = current_database()").fetchone()[0] == 1,
+                proc)
         proxy.close()  # the server goes away: its sessions cut, new connections refused
         code, err = finish(proc)
     finally:
