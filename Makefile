@@ -25,7 +25,7 @@ FIND_PYTHON := for c in python3.14 python3.13 python3.12 python3 \
 help:
 	@echo "make lab        start PostgreSQL 17 (embedded, or TENANTLAB_DATABASE_URL) and JupyterLab on notebooks/"
 	@echo "                (PORT=N: JupyterLab's port; DB_PORT=N: the embedded server's)"
-	@echo "make test       run the whole test suite"
+	@echo "make test       run the whole test suite (the kit's, then jobqueue's own)"
 	@echo "make reproduce  regenerate the article's findings (reproduce.json, report.html, README matrix)"
 	@echo "make bench      benchmarks (not tests)"
 	@echo "make lock       regenerate requirements.lock and requirements-dev.lock (uv pip compile)"
@@ -43,8 +43,9 @@ $(PYTHON_STAMP):
 	$(PIP) --upgrade pip
 	@touch $(PYTHON_STAMP)
 
-# The lab: the locked runtime dependencies, the package itself, and the notebook output filter.
-$(LAB_STAMP): $(PYTHON_STAMP) requirements.lock pyproject.toml
+# The lab: the locked runtime dependencies (with ./jobqueue, editable: the lock files name it), the
+# package itself, and the notebook output filter.
+$(LAB_STAMP): $(PYTHON_STAMP) requirements.lock pyproject.toml jobqueue/pyproject.toml
 	$(PIP) -r requirements.lock
 	$(PIP) --no-deps -e .
 	@$(MAKE) --no-print-directory strip-outputs
@@ -72,6 +73,13 @@ lab: $(LAB_STAMP)
 TEST_WORKERS ?= $(if $(TENANTLAB_DATABASE_URL),0,2)
 test: $(DEV_STAMP)
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-jobqueue
+
+# The queue's own suite (jobqueue/tests), on databases its own `migrate` makes, on the kit's
+# server (started for it, and stopped after, unless it ran already).
+.PHONY: test-jobqueue
+test-jobqueue: $(DEV_STAMP)
+	$(PY) tools/jobqueue_suite.py
 
 # Every finding five times: the README's matrix and FINDINGS.md state the ranges of this run.
 REPEAT ?= 5
@@ -86,8 +94,9 @@ bench: $(LAB_STAMP)
 	$(PY) tools/bench_table.py bench.json
 
 lint: $(DEV_STAMP)
-	$(VENV)/bin/ruff check tenantlab tests
+	$(VENV)/bin/ruff check tenantlab tests jobqueue
 	$(VENV)/bin/mypy tenantlab
+	cd jobqueue && ../$(VENV)/bin/mypy
 
 # Same versions for a room of laptops: resolved once for every platform, installed by make.
 lock: $(PYTHON_STAMP)

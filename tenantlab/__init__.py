@@ -12,7 +12,7 @@ _LAZY = {"Scratch": "db", "admin_dsn": "db", "ensure_template": "db", "scratch":
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so that `import tenantlab.jobqueue` (the standalone worker) loads nothing of the lab.
+    # Lazy: importing a submodule (the deprecated tenantlab.jobqueue alias) loads nothing else.
     if name in _LAZY:
         import importlib
 

@@ -1,6 +1,10 @@
 """What the queue costs per job: no-op jobs through each design, on the user's own server.
 
-``tenantlab bench`` (or ``make bench``), in scratch databases, one round after another:
+``tenantlab bench`` (or ``make bench``), in scratch databases, one round after another. The
+production rows (the worker loop, routing, enqueue rates, worker processes, the claim's cost,
+idle latency) run on the product's own schema, as ``jobqueue migrate`` makes it
+(``db.install_product``); the lab's designs (``single``, ``leased_run_one``,
+``leased_lossy_claim``) on the lab's:
 ``select1`` (the round-trip floor), ``commit1`` (the floor of a durable commit: a round trip and
 a WAL flush), ``single`` (the naive single transaction, its error
 handler on), ``leased`` (the production worker loop on one connection, its defaults: durable
@@ -30,15 +34,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 import psycopg
+from jobqueue import Leased, Worker, WorkerOptions, enqueue, enqueue_many
+from jobqueue.options import Parser, count, number
 
 from . import db, kinds, queue
-from .jobqueue import Leased, Worker, WorkerOptions, enqueue, enqueue_many
-from .jobqueue.options import Parser, count, number
 from .queries import q
 from .validate import output_file
 
@@ -77,6 +82,14 @@ DURABILITY = {
     "leased_batch_commit": "flush per batch: 10 finishes and the next claim in one commit",
     "workers": "flush per job, as `leased`",
 }
+
+
+@contextmanager
+def product_db() -> Iterator[db.Scratch]:
+    """A scratch database holding the product's own schema (``jobqueue migrate``), not the lab's."""
+    with db.scratch("bench_product") as p:
+        db.install_product(p.admin)
+        yield p
 
 
 def _reset(s: db.Scratch) -> None:
@@ -250,7 +263,7 @@ def claim_cost(s: db.Scratch, history: int, samples: int = 500, **not_due: int) 
 
 def _worker_argv(*extra: str) -> list[str]:
     # The production entry point with the demo kinds: no notebook machinery to import.
-    return [sys.executable, "-m", "tenantlab.jobqueue", "--handlers", "tenantlab.kinds", *extra]
+    return [sys.executable, "-m", "jobqueue", "--handlers", "tenantlab.kinds", *extra]
 
 
 def _env(s: db.Scratch) -> dict[str, str]:
@@ -329,8 +342,9 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
 
         peer_names = bench_peers.installed(say)
         peer_notes, peer_docs = bench_peers.DURABILITY, bench_peers.DOCS
-    with db.scratch("bench") as s:
+    with db.scratch("bench") as s, product_db() as p:
         drain(s, "single", min(jobs, 200))  # warm up: caches, plans, the first connection
+        drain(p, "leased", min(jobs, 200))
         names = ["select1", "commit1", *DESIGNS, *LOOPS, *ROUTING, "enqueue_one", "enqueue_many",
                  *peer_names, *(f"workers_{w}" for w in counts)]
         runs: dict[str, list[float]] = {name: [] for name in names}
@@ -359,38 +373,40 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
             loops = max(jobs, 2000)
             measure("select1", loops, select1, s, loops)
             measure("commit1", loops, commit1, s, loops)
-            for name in [*DESIGNS, *LOOPS]:
+            for name in DESIGNS:
                 measure(name, jobs, drain, s, name, jobs)
+            for name in LOOPS:
+                measure(name, jobs, drain, p, name, jobs)
             for name in ROUTING:
-                measure(name, jobs, drain_routing, s, name, jobs)
-            for name, rate in enqueue_rates(s, jobs).items():
+                measure(name, jobs, drain_routing, p, name, jobs)
+            for name, rate in enqueue_rates(p, jobs).items():
                 runs[name].append(rate)
                 say(name, rate)
             for name in peer_names:
                 measure(name, jobs, bench_peers.drain, name, jobs)
             for w in counts:
-                measure(f"workers_{w}", jobs, processes, s, w, jobs)
+                measure(f"workers_{w}", jobs, processes, p, w, jobs)
         results = {name: _rate(v) for name, v in runs.items()}
         scaling = {str(w): results[f"workers_{w}"]["jobs_per_s"] for w in counts}
         # The empty queue before and after the full history and the jobs not yet due: the
         # baseline of both is their mean.
-        before = claim_cost(s, 0)
+        before = claim_cost(p, 0)
         say("history 0", before)
-        hist = {str(history): claim_cost(s, history)}
+        hist = {str(history): claim_cost(p, history)}
         say(f"history {history:,}", hist[str(history)])
         waiting = {"scheduled": scheduled, "backoff": backoff}
-        not_due: dict[str, Any] = dict(waiting, **claim_cost(s, 0, **waiting))
+        not_due: dict[str, Any] = dict(waiting, **claim_cost(p, 0, **waiting))
         say("not yet due", not_due)
         spent: dict[str, Any] = {"exhausted": exhausted}
         if exhausted:
-            spent.update(claim_cost(s, 0, exhausted=exhausted))
+            spent.update(claim_cost(p, 0, exhausted=exhausted))
             say("exhausted, unreaped", spent)
-        after = claim_cost(s, 0)
+        after = claim_cost(p, 0)
         say("history 0 again", after)
         hist["0"] = {k: round((before[k] + after[k]) / 2, 3) for k in before}
         latency = {}
         for name, listen in (("leased", True), ("leased_poll", False)):
-            latency[name] = idle_latency(s, listen)
+            latency[name] = idle_latency(p, listen)
             say(f"idle latency {name}", latency[name])
         settings = _settings(s)
     jps = {k: v["jobs_per_s"] for k, v in results.items()}
@@ -441,11 +457,11 @@ def compare(jobs: int = 400, rounds: int = 2) -> Any:
 
     names = ["single", "leased", "leased_heartbeat", "leased_batch"]
     rates: dict[str, list[float]] = {n: [] for n in names}
-    with db.scratch("bench") as s:
+    with db.scratch("bench") as s, product_db() as p:
         drain(s, "single", min(jobs, 100))  # warm up
         for _ in range(rounds):
             for n in names:
-                rates[n].append(drain(s, n, jobs)["jobs_per_s"])
+                rates[n].append(drain(p if n in LOOPS else s, n, jobs)["jobs_per_s"])
     med = {n: statistics.median(v) for n, v in rates.items()}
     return pd.DataFrame([{"design": n, "jobs/s": round(med[n]),
                           "cost per job vs single": f"{med['single'] / med[n]:.2f}x"}

@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from jobqueue import ConfigError, JobQueueError, diagnose, refused_login
+from jobqueue.options import Parser, count
 from psycopg.conninfo import conninfo_to_dict
 
 from . import db, gitsave, labs, pgbouncer, reproduce, settings, validate
 from .errors import ConfigurationError, TenantlabError
 from .experiments import REGISTRY
-from .jobqueue.jobs import ConfigError, JobQueueError
-from .jobqueue.options import Parser, count
-from .jobqueue.preflight import diagnose, refused_login
 from .server import REPO, ServerError, embedded, port_free
 
 log = logging.getLogger("tenantlab")
@@ -470,9 +469,10 @@ def _tenant(text: str) -> int:
 
 def add_queue_commands(sub: argparse._SubParsersAction) -> None:
     """Add the worker, enqueue, reap, bench and export-worker subcommands."""
+    from jobqueue.cli import add_reap_flags
+    from jobqueue.options import add_flags, seconds
+
     from . import kinds
-    from .jobqueue.cli import add_reap_flags
-    from .jobqueue.options import add_flags, seconds
     from .worker import WorkerConfig
 
     w = sub.add_parser("worker", help="run a worker: claim and run jobs until stopped")
@@ -507,18 +507,21 @@ def add_queue_commands(sub: argparse._SubParsersAction) -> None:
     b.set_defaults(func=bench.cmd_bench)
 
     qu = sub.add_parser("queue", help="see the queue and act on it: stats, jobs, show ID, "
-                                      "retry, cancel (python -m tenantlab.jobqueue's)")
-    from .jobqueue.cli import add_ops_commands
+                                      "retry, cancel (python -m jobqueue's)")
+    from jobqueue.cli import add_ops_commands
 
     qsub = qu.add_subparsers(dest="queue_command", required=True, metavar="COMMAND")
     for p in add_ops_commands(qsub, {"default": None, "type": validate.dsn, "help": DSN_HELP}):
         p.set_defaults(func=cmd_queue, ops=p.get_default("func"))
 
     x = sub.add_parser("export-worker",
-                       help="write the corrected worker into DIR as a standalone package")
+                       help="copy the jobqueue package into DIR, as it is, to vendor it "
+                            "(or: pip install ./jobqueue)")
     x.add_argument("dir", metavar="DIR", type=validate.directory,
                    help="directory to write into (created if missing)")
-    x.add_argument("--name", default="jobqueue", help="the package's name (default: jobqueue)")
+    x.add_argument("--name", default="jobqueue",
+                   help="the copy's directory name (default: jobqueue); its imports are "
+                        "relative, so any name works")
     x.add_argument("--force", action="store_true",
                    help="write into DIR/NAME even if it holds files no earlier export wrote "
                         "(same-named files are overwritten; nothing is deleted)")
@@ -526,10 +529,17 @@ def add_queue_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from jobqueue import (
+        EXIT_CONFIG,
+        EXIT_SERVER_LOST,
+        EXIT_STOPPED,
+        ConfigError,
+        ServerLost,
+        stop_on_signals,
+    )
+    from jobqueue.options import from_args
+
     from .events import EventLog
-    from .jobqueue import EXIT_CONFIG, EXIT_SERVER_LOST, EXIT_STOPPED, ConfigError, ServerLost
-    from .jobqueue.options import from_args
-    from .jobqueue.worker import stop_on_signals
     from .worker import WorkerConfig, lab_worker, worker_dsn
 
     try:
@@ -542,7 +552,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not args.verbose:
         # The lab's worker records every job in its event log; its stderr (a pipe the
         # experiments read at the end) gets the job lines only with -v.
-        logging.getLogger("tenantlab.jobs").setLevel(logging.CRITICAL)
+        logging.getLogger("jobqueue.jobs").setLevel(logging.CRITICAL)  # the queue's job lines
     events = EventLog(config.name, args.events)
     try:
         worker = lab_worker(worker_dsn(args.dsn), config, events)
@@ -577,9 +587,10 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
+    from jobqueue import EXIT_SERVER_LOST, ServerLost
+    from jobqueue import cli as jobqueue_cli
+
     from .events import EventLog
-    from .jobqueue import EXIT_SERVER_LOST, ServerLost
-    from .jobqueue import cli as jobqueue_cli
     from .worker import worker_dsn
 
     args.dsn = worker_dsn(args.dsn)
@@ -591,7 +602,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
 
 
 def cmd_export_worker(args: argparse.Namespace) -> int:
-    from .jobqueue.export import export
+    from .export import export
 
     try:
         dest = export(args.dir, args.name, force=args.force)

@@ -13,19 +13,21 @@ import itertools
 import logging
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from jobqueue import migrations
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from . import queries, settings
 from .errors import ConfigurationError, TenantlabError
-from .jobqueue import migrations
 from .server import ServerNotRunning, embedded, home
 
 if TYPE_CHECKING:
@@ -198,6 +200,24 @@ def _build_template(admin: psycopg.Connection, dsn: str, version: str, exists: b
         sql.Identifier(building), sql.Identifier(TEMPLATE)))
     _set_search_path(admin, TEMPLATE)
     _stamp(admin, TEMPLATE, version)
+
+
+def install_product(dsn: str) -> None:
+    """Put the product's own schema in the database of `dsn` (an admin's), as an application does.
+
+    A database cloned from the template holds the lab's jobqueue schema, its jobs table altered
+    (sql/lab/jobs.sql): that goes, ``jobqueue migrate`` runs as the owner role, and the worker
+    role gets the product README's grants. The lab's own tables (tenants, invoices) stay.
+    """
+    owner = make_conninfo(dsn, options=f"-c role={OWNER}")
+    with connect(owner, "install product", autocommit=True) as conn:
+        conn.execute(queries.q("product_drop_lab_schema"))
+    done = subprocess.run([sys.executable, "-m", "jobqueue", "migrate", "--dsn", owner],
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise TenantlabError(f"jobqueue migrate failed: {done.stderr.strip()}")
+    with connect(owner, "install product", autocommit=True) as conn:
+        conn.execute(queries.q("product_grants").encode())
 
 
 def schema_of(admin: psycopg.Connection, name: str) -> str | None:

@@ -4,7 +4,7 @@ A worker (and the reaper) appends ``{"t", "worker", "pid", "event", ...}`` lines
 file; experiments read them back to draw timelines. Events: ``worker-start``, ``claim``,
 ``execute``, ``finish``, ``fail``, ``dead``, ``fenced``, ``crash`` (written just before the
 process ends itself), ``idle``, ``reap``, ``stop-requested``, ``worker-stop``; with a heartbeat
-(tenantlab/heartbeat.py) also ``heartbeat``, ``heartbeat-failed``, ``lease-lost`` and
+(jobqueue's heartbeat.py) also ``heartbeat``, ``heartbeat-failed``, ``lease-lost`` and
 ``abandon`` (maximum runtime reached); from the outside-world kind ``stuck`` and ``outside``.
 """
 

@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 import psycopg
+from jobqueue import Claim, Handlers, UnknownKind
 
-from .jobqueue import Claim, Handlers, UnknownKind
 from .outside import call as outside
 from .outside import call_once as outside_once
 from .queries import q

@@ -30,7 +30,7 @@ import psycopg
 from . import settings
 
 if TYPE_CHECKING:
-    from .jobqueue import Claim
+    from jobqueue import Claim
 
 FILE_ENV, HANG_ENV = "TENANTLAB_OUTSIDE", "TENANTLAB_OUTSIDE_HANG"
 

@@ -1,6 +1,6 @@
 """Load the schema and the named queries: the production worker's, then the lab's ``sql/lab``.
 
-The corrected worker's SQL lives with it (``tenantlab/jobqueue``: ``migrations/*.sql`` and
+The corrected worker's SQL lives with it (the ``jobqueue`` distribution: ``migrations/*.sql`` and
 ``sql/queries.sql``); the lab's is in ``sql/lab/*.sql``, one file per concern, DDL first, then
 queries, each introduced by ``-- name: NAME``. The template database is built by the
 production migrations (its tables in the schema ``jobqueue``, which the lab's databases put
@@ -14,10 +14,11 @@ import hashlib
 from functools import cache
 from pathlib import Path
 
+from jobqueue import migrations
+from jobqueue import queries as production
+
 from . import settings
 from .errors import TenantlabError
-from .jobqueue import migrations
-from .jobqueue import queries as production
 
 #: The checkout's (or the installed package's) SQL; TENANTLAB_SQL replaces it.
 DEFAULT_SQL_DIR = Path(__file__).resolve().parent.parent / "sql"

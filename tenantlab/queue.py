@@ -5,7 +5,7 @@ work and finish share one transaction. Simple, and it has two limits the article
 failure rolls back its own attempt count (finding ``poison``; ``handle_errors`` counts it in a
 new transaction), and a job that kills the process kills every next worker (finding ``crash``).
 
-``Leased`` is the production worker (``tenantlab.jobqueue.Leased``) with the lab's demo kinds
+``Leased`` is the production worker (``jobqueue.Leased``) with the lab's demo kinds
 as its handlers and one lab-only switch, ``fence=False``: the naive lease-only queue of finding
 ``overrun``. Its steps are separate methods (``claim``, ``execute``, ``fail``).
 
@@ -18,21 +18,20 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+import jobqueue as production
 import psycopg
+from jobqueue import Claim, LeaseLost, Outcome, Status, Work, error_text
+from jobqueue import JobQueueError as QueueError
 from psycopg.rows import class_row, dict_row
 
 from . import kinds
 from .events import EventLog, NullLog
-from .jobqueue import Claim, LeaseLost, Outcome, Status, Work
-from .jobqueue import JobQueueError as QueueError
-from .jobqueue import leased as production
-from .jobqueue.jobs import error_text
 from .queries import q
 
 log = logging.getLogger("tenantlab")
 
 __all__ = ["Claim", "Design", "LeaseLost", "Leased", "Outcome", "QueueError", "SingleTransaction",
-           "Status", "Work", "design", "enqueue", "job_states"]
+           "Status", "Work", "check_heartbeat", "design", "enqueue", "job_states"]
 
 
 class Design(Protocol):
@@ -142,6 +141,12 @@ class Leased(production.Leased):
                                         "worker": claim.worker, "started": claim.started}
 
 
+def check_heartbeat(lease: float, interval: float | None, max_runtime: float | None) -> None:
+    """Refuse a heartbeat the production worker would refuse (``HeartbeatError``, saying why)."""
+    if interval is not None or max_runtime is not None:
+        production.HeartbeatConfig(lease, interval, max_runtime)  # type: ignore[arg-type]
+
+
 def design(name: str, *, lease: float = 30.0, backoff: float = 1.0,
            handle_errors: bool = False, heartbeat: float | None = None,
            max_runtime: float | None = None, fence: bool = True,
@@ -166,7 +171,7 @@ def enqueue(conn: psycopg.Connection, kind: str, *, tenant: int | None = None, c
     ``write``: the job writes a row (``job_writes``) before its work, as a handler that writes
     to the database does: it then holds a transaction id until its finish commits.
 
-    For any other kind, with a payload: ``tenantlab.jobqueue.enqueue``.
+    For any other kind, with a payload: ``jobqueue.enqueue``.
     """
     if kind not in kinds.handlers:
         raise QueueError(f"unknown job kind {kind!r}; valid: {', '.join(kinds.handlers)}")

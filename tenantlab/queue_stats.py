@@ -1,6 +1,6 @@
 """The operator's ``stats`` in a notebook: jobs per kind and status, the oldest wait, idle kinds.
 
-``frame(conn)`` is ``python -m tenantlab.jobqueue stats`` as a DataFrame (a row per kind and
+``frame(conn)`` is ``python -m jobqueue stats`` as a DataFrame (a row per kind and
 one for all, a column per status); ``html(conn)`` adds the oldest queued job's age and the
 kinds no running worker serves as its caption. Both read ``jobqueue.ops.stats``: one pass over
 the jobs, measured live.
@@ -13,8 +13,7 @@ from typing import Any
 
 import pandas as pd
 import psycopg
-
-from .jobqueue import ops
+from jobqueue import ops
 
 
 def frame(conn: psycopg.Connection, data: dict[str, Any] | None = None) -> pd.DataFrame:

@@ -10,10 +10,10 @@ import math
 import os
 from pathlib import Path
 
+from jobqueue import MAX_SECONDS, ConfigError, check_dsn
+
 from .errors import ConfigurationError
 from .errors import TenantlabError as TenantlabError  # settings.TenantlabError, as before
-from .jobqueue.jobs import MAX_SECONDS, ConfigError
-from .jobqueue.preflight import check_dsn
 
 #: The kit's own variable for an outside server's admin URL.
 DATABASE_URL = "TENANTLAB_DATABASE_URL"

@@ -15,17 +15,20 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from jobqueue import TenantContextError, set_tenant_local
 from psycopg_pool import ConnectionPool
 
 from . import db
-from .jobqueue.tenant import TenantContextError, set_tenant_local
 from .queries import q
 
-__all__ = ["TenantContextError", "count_invoices", "current_tenant", "discard_all",
+__all__ = ["TENANT_SETTING", "TenantContextError", "count_invoices", "current_tenant", "discard_all",
            "one_connection_pool", "pool_log", "reset_idle", "reset_leaving_transaction",
            "set_tenant", "set_tenant_local"]
 
 POOL_LOGGER = "psycopg.pool"
+
+#: The setting the lab's policies read (sql/lab/tenants.sql): the product's default too.
+TENANT_SETTING = "app.tenant"
 
 #: Keep psycopg's own default: the article's DISCARD ALL trap depends on it.
 DEFAULT_PREPARE_THRESHOLD = 5

@@ -11,8 +11,7 @@ import argparse
 import socket
 from pathlib import Path
 
-from .jobqueue.jobs import ConfigError
-from .jobqueue.preflight import check_dsn
+from jobqueue import ConfigError, check_dsn
 
 
 def dsn(text: str) -> str:

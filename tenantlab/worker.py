@@ -1,4 +1,4 @@
-"""The lab's worker: the production loop (``tenantlab.jobqueue.Worker``) with a design to pick.
+"""The lab's worker: the production loop (``jobqueue.Worker``) with a design to pick.
 
 ``tenantlab worker --design single|leased`` runs it as the ordinary worker role (the command
 line is in tenantlab/cli.py; its flags come from ``WorkerConfig``'s fields). It stops cleanly
@@ -15,12 +15,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import psycopg
+from jobqueue import Claim, Leased, Outcome, Worker
+from jobqueue.options import WorkerOptions, option, seconds
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from . import db, queries, queue, settings
+from . import db, kinds, queries, queue, settings
 from .events import EventLog
-from .jobqueue import Worker
-from .jobqueue.options import WorkerOptions, option, seconds
+from .queue import Design
 
 log = logging.getLogger("tenantlab")
 
@@ -91,6 +93,30 @@ class WorkerConfig(WorkerOptions):
         return d
 
 
+class LabWorker(Worker):
+    """The production loop running a lab design through its public extension point.
+
+    A ``Leased`` design (the production one with the lab's statements) is the production
+    worker's own queue. Any other design (the single-transaction queue) runs one job per round
+    in ``run_round``, and the worker does not announce itself in ``jobqueue.workers`` (its
+    design has no lease for the presence row to ride on).
+    """
+
+    def __init__(self, dsn: str, options: WorkerOptions, design: Design, *,
+                 events: EventLog | None = None) -> None:
+        self.design, self.event_log = design, events
+        leased = design if isinstance(design, Leased) else None
+        super().__init__(dsn, options, kinds.handlers, queue=leased, events=events)
+        if leased is None:
+            self.presence = self.queue.presence = None
+
+    def run_round(self, conn: psycopg.Connection, pending: list[Claim]) -> list[Outcome]:
+        if isinstance(self.design, Leased):
+            return super().run_round(conn, pending)
+        outcome = self.design.run_one(conn, worker=self.name, events=self.event_log)
+        return [outcome] if outcome is not None else []
+
+
 def lab_worker(dsn: str, config: WorkerConfig, events: EventLog) -> Worker:
     """Return the production loop running the design `config` asks for, logging to `events`."""
-    return Worker(dsn, config, queue=config.make_design(), events=events)
+    return LabWorker(dsn, config, config.make_design(), events=events)

@@ -2,7 +2,7 @@
 
 Usage: ``python tests/jobqueue_faults.py --package NAME --dsn DSN [--json]``
 
-``NAME`` is the queue package to import (``tenantlab.jobqueue``, or an exported copy such as
+``NAME`` is the queue package to import (``jobqueue``, or an exported copy such as
 ``shop``); ``DSN`` is the worker's ordinary role on a database where that package's migrations
 were applied (tables in the ``jobqueue`` schema). The script imports only the standard library,
 psycopg and that package, so it runs from a venv holding nothing else.
@@ -293,7 +293,7 @@ def run_matrix(pkg: ModuleType, dsn: str,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--package", required=True,
-                   help="the queue package to test: tenantlab.jobqueue or an exported copy")
+                   help="the queue package to test: jobqueue or an exported copy")
     p.add_argument("--dsn", required=True, help="the worker role's DSN (migrations applied)")
     p.add_argument("--json", action="store_true", help="print the cells as JSON")
     args = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """Bad input, one or two lines, every time: a table of bad flags, variables and servers.
 
-Each row runs an entry point (``python -m tenantlab`` or ``python -m tenantlab.jobqueue``) as
+Each row runs an entry point (``python -m tenantlab`` or ``python -m jobqueue``) as
 a subprocess, and must end with a non-zero status, no traceback, at most two lines on stderr,
 and before a timeout (a worker that reconnects for ever, or a command that does the work
 before it checks its output path, fails here). The rows that need no server run without one;
@@ -17,12 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from jobqueue import preflight
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tenantlab.jobqueue import preflight
-
 ROOT = Path(__file__).resolve().parent.parent
-TL, JQ = ["-m", "tenantlab"], ["-m", "tenantlab.jobqueue"]
+TL, JQ = ["-m", "tenantlab"], ["-m", "jobqueue"]
 #: Long enough for a loaded 2-core machine to import the kit; far shorter than "for ever".
 TIMEOUT = 45
 NOWHERE = "/nonexistent-tenantlab-dir"
@@ -223,9 +222,8 @@ def test_a_refused_reconnect_is_configuration_not_an_outage() -> None:
 
 def test_a_worker_refused_on_reconnect_stops_with_a_configuration_error(monkeypatch) -> None:
     import psycopg
-
-    from tenantlab.jobqueue import ConfigError, Handlers
-    from tenantlab.jobqueue import worker as w
+    from jobqueue import ConfigError, Handlers
+    from jobqueue import worker as w
 
     tries = []
 

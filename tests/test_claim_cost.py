@@ -13,9 +13,9 @@ import json
 from typing import Any
 
 import pytest
+from jobqueue.queries import q
 
 from tenantlab import db, queries
-from tenantlab.jobqueue.queries import q
 
 #: The ready jobs: as many as the bench claims. (A queue of a handful fits each index in one
 #: page; any bigger table then costs one more page per index descent, whatever its rows are.)

@@ -36,7 +36,7 @@ def test_crash_reproduces_with_real_processes(admin_dsn: str) -> None:
         "single: the job after each crash", "single: the job behind it"]
     # Every worker process ended, and none left a session behind.
     assert not [b for b in db.leftover_backends(admin_dsn)
-                if b["application_name"].startswith(("tenantlab single-", "tenantlab leased-"))]
+                if b["application_name"].startswith(("jobqueue single-", "jobqueue leased-"))]
 
 
 def test_a_restart_within_the_lease_finds_the_job_invisible(admin_dsn: str) -> None:

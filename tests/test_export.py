@@ -23,7 +23,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tenantlab import db
-from tenantlab.jobqueue.export import MARKER
+from tenantlab.export import MARKER
 
 # Runs a module of the exported copy with tenantlab made unimportable (the venv has it).
 ALONE = textwrap.dedent("""
@@ -94,7 +94,7 @@ def test_the_readme_is_inside_the_package_with_its_migrations(tmp_path: Path) ->
     assert migrations and migrations[0].startswith("0001_"), migrations
     readme = (package / "README.md").read_text()
     text = " ".join(readme.split())
-    for needed in ("python -m shop migrate --dsn", "--tenant-type", "uuid",
+    for needed in ("jobqueue migrate --dsn", "python -m thatname", "--tenant-type", "uuid",
                    "grant usage on schema jobqueue to app_worker;",
                    "grant insert, select (id, unique_key, status) on jobqueue.jobs to app;",
                    "pg_notify",
@@ -200,7 +200,7 @@ def test_the_exported_worker_runs_jobs_alone(tmp_path: Path, admin_dsn: str, bar
     for p in out.rglob("*.py"):
         assert not re.search(r"^\s*(from|import)\s+tenantlab", p.read_text(), re.M), p
     readme = (out / "shop" / "README.md").read_text()
-    assert "python -m shop migrate" in readme and "python -m shop reap" in readme
+    assert "jobqueue migrate" in readme and "jobqueue reap" in readme
     (out / "shop_jobs.py").write_text(HANDLERS)
 
     owner = db.with_db(admin_dsn, bare_db)

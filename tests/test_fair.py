@@ -9,12 +9,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from jobqueue import ConfigError, Leased, WorkerOptions, enqueue
+from jobqueue.fair import Fair
+from jobqueue.options import add_flags, from_args, to_argv
 
 from tenantlab import db, queue
 from tenantlab.experiments._workers import fleet
-from tenantlab.jobqueue import ConfigError, Leased, WorkerOptions, enqueue
-from tenantlab.jobqueue.fair import Fair
-from tenantlab.jobqueue.options import add_flags, from_args, to_argv
 from tenantlab.queries import q
 
 NOOP = {"noop": lambda conn, job: None}

@@ -8,10 +8,10 @@ import time
 from typing import Any
 
 import pytest
+from jobqueue.heartbeat import Heartbeat, HeartbeatConfig, HeartbeatError, check
 
 from tenantlab import db, queue
 from tenantlab.events import NullLog
-from tenantlab.heartbeat import Heartbeat, HeartbeatConfig, HeartbeatError, check
 from tenantlab.queries import q
 
 

@@ -25,7 +25,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tenantlab import db
-from tenantlab.jobqueue.export import export
+from tenantlab.export import export
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(faults.__file__).resolve()
@@ -34,7 +34,7 @@ SCRIPT = Path(faults.__file__).resolve()
 @pytest.mark.parametrize(("fault", "mode"), faults.CELLS,
                          ids=[f"{f}-{m}" for f, m in faults.CELLS])
 def test_one_handlers_fault_fails_only_its_job(scratch: db.Scratch, fault: str, mode: str) -> None:
-    cell = faults.run_cell(importlib.import_module("tenantlab.jobqueue"), scratch.worker,
+    cell = faults.run_cell(importlib.import_module("jobqueue"), scratch.worker,
                            fault, mode)
     assert cell.ok, cell.explain()
 

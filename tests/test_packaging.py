@@ -20,9 +20,14 @@ def _norm(req: str) -> tuple[str, str]:
     return name.lower().replace("_", "-"), ",".join(sorted(spec.replace(" ", "").split(",")))
 
 
+#: The repository's own distributions the kit depends on, by directory: installed from there
+#: (``-e ./jobqueue``), never from an index; checked apart from the rest.
+LOCAL = {"jobqueue": "./jobqueue"}
+
+
 def pyproject_deps() -> set[tuple[str, str]]:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return {_norm(r) for r in data["project"]["dependencies"]}
+    return {d for d in map(_norm, data["project"]["dependencies"]) if d[0] not in LOCAL}
 
 
 def environment_deps() -> set[tuple[str, str]]:
@@ -111,6 +116,8 @@ def test_lock_files_pin_every_dependency_within_its_range() -> None:
                        (dev, data["dependencies"] + data["optional-dependencies"]["dev"])):
         for req in reqs:
             name, spec = _norm(req)
+            if name in LOCAL:
+                continue  # test_the_kit_installs_jobqueue_from_the_checkout_everywhere
             assert name in lock, f"{name} is not in the lock file"
             assert SpecifierSet(spec).contains(lock[name], prereleases=True), (name, lock[name], spec)
     # The lab's lock holds no test tools; the dev lock agrees with it where both pin a package.
@@ -119,6 +126,30 @@ def test_lock_files_pin_every_dependency_within_its_range() -> None:
     make = (ROOT / "Makefile").read_text()
     assert "uv pip compile" in make and "-r requirements.lock" in make
     assert "-r requirements-dev.lock" in make
+
+
+def test_the_kit_installs_jobqueue_from_the_checkout_everywhere() -> None:
+    from packaging.requirements import Requirement
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for name, path in LOCAL.items():
+        dist = tomllib.loads((ROOT / path / "pyproject.toml").read_text())["project"]
+        req = next(Requirement(r) for r in data["project"]["dependencies"]
+                   if Requirement(r).name == name)
+        assert dist["name"] == name and req.specifier.contains(dist["version"]), (req, dist)
+        assert data["tool"]["uv"]["sources"][name]["path"] == path  # `make lock` takes it here
+        editable = f"-e {path}"
+        for lock in ("requirements.lock", "requirements-dev.lock"):
+            assert editable in (ROOT / lock).read_text().splitlines(), lock
+        pip = next(d for d in yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+                   if isinstance(d, dict))["pip"]
+        assert pip.index(editable) < pip.index("-e ."), "environment.yml: jobqueue before the kit"
+        docker = (ROOT / "Dockerfile").read_text()
+        assert f"-e /home/${{NB_USER}}/tenantlab/{path[2:]}" in docker
+        make = (ROOT / "Makefile").read_text()
+        assert "-r requirements.lock" in make and f"{path[2:]}/pyproject.toml" in make
+        # Its own dependencies: psycopg, and nothing of the kit's.
+        assert [Requirement(r).name for r in dist["dependencies"]] == ["psycopg"]
 
 
 def test_make_lab_passes_its_ports_only_from_the_command_line() -> None:

@@ -12,11 +12,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from jobqueue import Reaper, ReaperConfig
 
 from tenantlab import db, kinds, queue, tenant
 from tenantlab.events import EventLog
 from tenantlab.queries import q
-from tenantlab.reaper import Reaper, ReaperConfig
 
 
 class Recorded(EventLog):

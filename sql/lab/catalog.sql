@@ -22,10 +22,12 @@ select current_user,
        pg_get_userbyid((select relowner from pg_class where oid = 'invoices'::regclass))
          = current_user as owns_invoices;
 
--- Run by tenantlab.db.leftover_backends (test suite, notebook 00): the kit's sessions still there.
+-- Run by tenantlab.db.leftover_backends (test suite, notebook 00): the kit's sessions, and its
+-- workers' (the production loop names them 'jobqueue ...'), still there.
 -- name: kit_sessions
 select pid, datname, application_name, state, backend_type from pg_stat_activity
-where application_name like 'tenantlab%%' and pid <> pg_backend_pid();
+where (application_name like 'tenantlab%%' or application_name like 'jobqueue%%')
+  and pid <> pg_backend_pid();
 
 -- Run by tenantlab.db.scratch_databases (notebook 00): scratch databases that exist now.
 -- name: scratch_databases

@@ -1,4 +1,4 @@
--- The lab's jobs: the production tables (tenantlab/jobqueue/migrations, schema jobqueue, built
+-- The lab's jobs: the production tables (jobqueue/src/jobqueue/migrations, schema jobqueue, built
 -- first into the template; the lab's databases have it on their search_path, so the lab names
 -- them bare) plus what the workshop adds. Still not under the tenant policy: a worker that
 -- serves every tenant must see every job before it knows which tenant to become (finding

@@ -1,6 +1,6 @@
 -- The lab's naive designs and traps, never in production (tenantlab/queue.py): the article's
 -- single-transaction queue, the lease-only queue's unfenced finish, and the poison pill. The
--- corrected worker's queries are in tenantlab/jobqueue/sql/queries.sql.
+-- corrected worker's queries are in jobqueue/src/jobqueue/sql/queries.sql.
 
 -- Run by SingleTransaction inside its one transaction: the row lock is the claim. The attempt
 -- is counted here too, and rolls back with the work when the work fails (finding poison).

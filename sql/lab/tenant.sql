@@ -7,7 +7,7 @@
 -- name: tenant_set_session
 select set_config('app.tenant', %(tenant)s, false);
 
--- The local form (tenant_set_local) is the corrected worker's: tenantlab/jobqueue/sql/queries.sql.
+-- The local form (tenant_set_local) is the corrected worker's: jobqueue/src/jobqueue/sql/queries.sql.
 
 -- Run by the leak experiment's borrower: which tenant context a connection carries ('' or null: none).
 -- name: tenant_current

@@ -24,7 +24,7 @@ update churn set n = n + 1;
 vacuum (verbose) churn;
 
 -- Run by tenantlab.experiments.vacuum: the exported worker's session (it names itself
--- "tenantlab NAME"): what it holds, and the last statement it ran.
+-- "jobqueue NAME"): what it holds, and the last statement it ran.
 -- name: vacuum_worker_session
 select pid, state, backend_xid::text as backend_xid, backend_xmin::text as backend_xmin,
        query, state_change

@@ -51,7 +51,7 @@ select count(*) as jobs,
 select count(*) from jobs where finished > to_timestamp(%(since)s::float8);
 
 -- Run by the vanish experiment as admin: the backend of a worker's main connection, by its
--- application_name ('tenantlab A'), in this database.
+-- application_name ('jobqueue A': the production loop names its sessions), in this database.
 -- name: vanish_backend_of
 select pid from pg_stat_activity
  where application_name = %(name)s and datname = current_database()

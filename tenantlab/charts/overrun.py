@@ -17,12 +17,12 @@ from typing import Any
 
 import altair as alt
 import pandas as pd
+from jobqueue import HeartbeatError
 
 from .. import nb
 from ..experiments import overrun
 from ..experiments._gantt import COLUMNS
 from ..finding import Result
-from ..heartbeat import HeartbeatError
 from . import common
 
 OK_COLOUR, WARN = "#1b7a2e", "#e45756"

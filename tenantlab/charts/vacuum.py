@@ -67,7 +67,7 @@ def plan() -> Any:
         "leased_wrote": "claim committed; the work writes a row first, then works for long",
         "read_committed_idle": "a select, idle in the transaction, another select",
         "repeatable_read": "the same in REPEATABLE READ: the first select fixes a snapshot",
-        "jobqueue_reads": "python -m tenantlab.jobqueue worker; its handler counts the "
+        "jobqueue_reads": "python -m jobqueue worker; its handler counts the "
                           "tenant's invoices, then sleeps",
         "jobqueue_writes": "the same worker; its handler inserts one row, then sleeps",
     }

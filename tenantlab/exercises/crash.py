@@ -17,6 +17,7 @@ from typing import Any
 
 from ..finding import Check, check
 from ..queries import q
+from ..tenant import TENANT_SETTING
 from ._core import (
     LEASED_CLAIM,
     NAIVE_CLAIM,
@@ -124,7 +125,7 @@ def _work_and_finish(conn: Any, finish: str, job: int, attempt: int,
     opened = in_transaction(conn)
     if not opened:
         conn.execute("begin")
-    conn.execute(q("tenant_set_local"), {"tenant": "2"})
+    conn.execute(q("tenant_set_local"), {"tenant": "2", "setting": TENANT_SETTING})
     conn.execute(q("count_invoices"))
     if not opened:
         conn.execute("commit")

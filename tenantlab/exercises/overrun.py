@@ -17,6 +17,7 @@ import psycopg
 
 from ..finding import Check, check
 from ..queries import q
+from ..tenant import TENANT_SETTING
 from ._core import (
     Exercise,
     Jobs,
@@ -99,7 +100,7 @@ def _run(answer: str, sb: Sandbox, job: int, before: int, takeover: bool
 
 def _finish(conn: psycopg.Connection, answer: str, job: int, attempt: int, what: str) -> int:
     conn.execute("begin")
-    conn.execute(q("tenant_set_local"), {"tenant": "1"})
+    conn.execute(q("tenant_set_local"), {"tenant": "1", "setting": TENANT_SETTING})
     conn.execute(q("count_invoices"))  # the work
     n = finished_count(run_answer(conn, answer, {"id": job, "attempt": attempt,
                                                  "worker": what.split("'")[0],

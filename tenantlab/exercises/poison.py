@@ -19,6 +19,7 @@ import psycopg
 
 from ..finding import Check, check
 from ..queries import q
+from ..tenant import TENANT_SETTING
 from ._core import (
     LEASED_CLAIM,
     NAIVE_CLAIM,
@@ -99,7 +100,8 @@ def _work(conn: psycopg.Connection, jobs: Jobs, job: int, attempt: int,
     state = jobs.state(job)
     if not in_transaction(conn):
         conn.execute("begin")
-    conn.execute(q("tenant_set_local"), {"tenant": str(state["tenant_id"])})
+    conn.execute(q("tenant_set_local"), {"tenant": str(state["tenant_id"]),
+                                          "setting": TENANT_SETTING})
     params = {"id": job, "attempt": attempt, "worker": "exercise", "started": None}
     try:
         if state["kind"] == "fail":

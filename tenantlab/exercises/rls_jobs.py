@@ -17,6 +17,7 @@ from typing import Any
 from .. import db
 from ..finding import Check, check
 from ..queries import q
+from ..tenant import TENANT_SETTING
 from ._core import Exercise, admin, first_nudge, in_transaction, run_answer, worker
 from ._sandbox import Sandbox, adopt_worker_policies
 
@@ -72,7 +73,8 @@ def scenario(answer: str, sb: Sandbox) -> tuple[list[Check], str]:
             job, tenant, attempt = row[0], row[1], row[2]
             with conn.transaction():
                 conn.execute(q("start_if_owner"), {"id": job, "attempt": attempt,
-                                                   "tenant": str(tenant)})
+                                                   "tenant": str(tenant),
+                                                   "setting": TENANT_SETTING})
                 counts[tenant] = int(db.scalar(conn, q("count_invoices")))
                 conn.execute(q("complete_if_owner"), {"id": job, "attempt": attempt,
                                                       "worker": "exercise", "started": None})

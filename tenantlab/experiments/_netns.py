@@ -131,9 +131,9 @@ def leftovers(pid: int | None = None) -> list[str]:
 
 def _probe(mode: str) -> int:
     import psycopg
+    from jobqueue.queries import q as production_q
 
     from .. import kinds, settings
-    from ..jobqueue.queries import q as production_q
     from ..queries import q
 
     dsn = settings.probe_dsn() or ""

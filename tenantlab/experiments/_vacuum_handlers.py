@@ -1,6 +1,6 @@
 """The handlers notebook 06 gives the exported worker: one reads, one writes, both then sleep.
 
-Started as ``python -m tenantlab.jobqueue worker --handlers
+Started as ``python -m jobqueue worker --handlers
 tenantlab.experiments._vacuum_handlers``. Each runs in the job's transaction with the tenant
 set locally, as any application's handler would; ``STATEMENT`` names the query each runs last
 before its sleep, so the experiment can see in ``pg_stat_activity`` that the sleep has begun.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 
 import psycopg
+from jobqueue import Claim, Handlers
 
-from ..jobqueue import Claim, Handlers
 from ..queries import q
 
 handlers = Handlers()

@@ -174,7 +174,7 @@ def _done(run: WorkersRun) -> bool:
 
 def _backend(run: WorkersRun, worker: str) -> int | None:
     with run.scratch.connect("admin", "vanish who", autocommit=True) as conn:
-        row = conn.execute(q("vanish_backend_of"), {"name": f"tenantlab {worker}"}).fetchone()
+        row = conn.execute(q("vanish_backend_of"), {"name": f"jobqueue {worker}"}).fetchone()
     return int(row[0]) if row else None
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from jobqueue.options import to_argv
 
 from .. import db, events
 from ..eventtable import frame
-from ..jobqueue.options import to_argv
 from ..worker import WorkerConfig
 from ._procs import end
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+from jobqueue import Reaper, ReaperConfig
 
 from .. import finding, queue
 from ..finding import Result, Verdict, check, knob
 from ..queries import q
-from ..reaper import Reaper, ReaperConfig
 from ._workers import WorkersRun, workers_run
 
 CLAIM = ("A job that kills the worker process kills every next worker in the single-transaction "

@@ -1,7 +1,7 @@
 """Finding ``noisy-neighbour`` (beyond the article): one tenant's burst in front of everyone.
 
 Tenant 1 enqueues a burst and 99 small tenants enqueue a few jobs each; W processes of the
-production worker (``python -m tenantlab.jobqueue``, the demo kinds as handlers) drain the
+production worker (``python -m jobqueue``, the demo kinds as handlers) drain the
 queue, once per claim policy: FIFO (the default), ``--fair round-robin`` and ``--fair limit=N``.
 Two arrivals, each drained by the same worker processes of a policy:
 
@@ -82,7 +82,7 @@ class Knobs(finding.Knobs):
 
 def worker_argv(name: str, fair: str | None) -> list[str]:
     """Return the production worker's command line, with the lab's demo kinds as handlers."""
-    return [sys.executable, "-m", "tenantlab.jobqueue", "worker", "--handlers", "tenantlab.kinds",
+    return [sys.executable, "-m", "jobqueue", "worker", "--handlers", "tenantlab.kinds",
             "--name", name, "--poll", "0.2", *(["--fair", fair] if fair else [])]
 
 
@@ -101,7 +101,7 @@ def _drain(s: db.Scratch, k: Knobs, policy: str,
 
         # Every worker is up and waiting before the burst: startup never counts as waiting.
         deadline = time.monotonic() + 60
-        like = {"like": f"tenantlab noisy-{policy}-%"}
+        like = {"like": f"jobqueue noisy-{policy}-%"}
         while (watch.execute(q("workers_waiting"), like).fetchone() or [0])[0] < k.workers:
             alive()
             if time.monotonic() > deadline:

@@ -29,7 +29,7 @@ import pandas as pd
 
 from .. import finding
 from ..finding import Result, Verdict, check, knob, plain
-from ..heartbeat import check as check_heartbeat
+from ..queue import check_heartbeat
 from ._gantt import COLUMNS as SEGMENT_COLUMNS
 from ._gantt import segments
 from ._race import WORKERS, OverrunError, race

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+from jobqueue import Reaper, ReaperConfig
 
 from .. import db, monitor, outside, queue
 from ..finding import Verdict, check
 from ..queries import q
-from ..reaper import Reaper, ReaperConfig
 from ._workers import workers_run
 
 DESIGNS = ("naive", "corrected")

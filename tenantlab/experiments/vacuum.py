@@ -10,7 +10,7 @@ row lock is a write) or that keeps a snapshot (REPEATABLE READ) holds VACUUM bac
 whose long work runs outside a transaction, or a READ COMMITTED reader idle between
 statements, holds nothing.
 
-Two more variants run the worker the kit exports, ``python -m tenantlab.jobqueue worker``, as a
+Two more variants run the worker the kit exports, ``python -m jobqueue worker``, as a
 child process logging in as the worker role, with its defaults and one job: its handler reads
 (counts the tenant's invoices) or writes (one row), then sleeps. While it sleeps, an update of
 every row of an unrelated table (``churn``) leaves one dead row version each, and ``VACUUM
@@ -31,14 +31,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import jobqueue
 import pandas as pd
 import psycopg
 from psycopg.rows import dict_row
 
-from .. import db, finding, jobqueue, kinds, queue
+from .. import db, finding, kinds, queue
 from ..errors import TenantlabError
 from ..finding import Result, Verdict, check, knob, plain
-from ..jobqueue.worker import APP
 from ..monitor import Monitor
 from ..queries import q
 from ._vacuum_handlers import STATEMENT
@@ -280,7 +280,7 @@ def _held_by(xid: Any, xmin: Any) -> str:
 
 def worker_argv(name: str) -> list[str]:
     """Return the exported worker's command line: its defaults, this experiment's handlers, one job."""
-    return [sys.executable, "-m", "tenantlab.jobqueue", "worker", "--handlers", HANDLERS,
+    return [sys.executable, "-m", "jobqueue", "worker", "--handlers", HANDLERS,
             "--name", name, "--max-jobs", "1"]
 
 
@@ -345,7 +345,7 @@ def run_exported(s: db.Scratch, variant: Variant, seconds: float, n_dead: int, m
     """
     assert variant.kind is not None
     name = f"vacuum-{variant.name}"
-    app = f"{APP} {name}"  # the worker's session names itself so
+    app = f"{jobqueue.__name__} {name}"  # the worker's session names itself so
     with s.connect("admin", "vacuum setup", autocommit=True) as admin:
         admin.execute(q("reset_queue"))
         admin.execute(q("vacuum_create_churn"))

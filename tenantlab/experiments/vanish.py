@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pandas as pd
+from jobqueue import HeartbeatError
 
 from .. import finding
 from ..finding import Result, Verdict, check, knob, plain
-from ..heartbeat import HeartbeatError
-from ..heartbeat import check as check_heartbeat
+from ..queue import check_heartbeat
 from . import _cluster, _netns, _tcp
 from ._vanish_run import vanish
 
@@ -57,7 +57,7 @@ TIMED = ("server keepalives (packets dropped)", "tcp_user_timeout, a result in f
          IDLE_TIMEOUT)
 
 #: The settings that bound a vanished worker: where each is set, what it bounds, what the kit
-#: recommends (tenantlab/jobqueue: the worker's connection and the role's settings).
+#: recommends (jobqueue: the worker's connection and the role's settings).
 SETTINGS = [
     {"setting": "tcp_keepalives_idle / _interval / _count",
      "where": "server: postgresql.conf, per role (ALTER ROLE … SET), or the client's "

@@ -1,5 +1,9 @@
-"""Run ``python -m tenantlab.jobqueue``: a worker by default (see cli.py)."""
+"""Run ``python -m tenantlab.jobqueue`` (deprecated): ``jobqueue``'s command line, one line said."""
 
-from .cli import main
+import sys
 
+from jobqueue.cli import main
+
+print("python -m tenantlab.jobqueue is deprecated and goes in the next release: run `jobqueue` "
+      "(or python -m jobqueue), the same commands", file=sys.stderr)
 raise SystemExit(main())

@@ -1,7 +1,8 @@
 """What the kit's two queues share as adapters: their tables, the bodies as handlers.
 
-Both run on the kit's own schema (``jobqueue.jobs``, present in every database cloned from the
-template), so ``install`` has nothing to do; workers log in as the ordinary worker role.
+The naive row runs on the lab's schema (``jobqueue.jobs`` as the template has it: ``install``
+has nothing to do); the jobqueue row installs the product's own (``db.install_product``:
+``jobqueue migrate``, as the peers install theirs). Workers log in as the ordinary worker role.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from jobqueue import Claim, enqueue
 
 from ... import __version__, db
-from ...jobqueue import Claim, enqueue
 from ...worker import worker_dsn
 from .. import bodies
 from ..adapter import Options, Setting, State

@@ -1,9 +1,11 @@
-"""The kit's corrected worker (``tenantlab.jobqueue``) with its defaults, as a checked row.
+"""The kit's corrected worker (the ``jobqueue`` distribution) with its defaults, as a checked row.
 
+Installed as an application installs it: ``jobqueue migrate`` on the trial's database (the
+lab's tables in the schema jobqueue dropped first), the README's grants for the worker role.
 The scenario's lease (2 s) replaces the default 30 s; everything else is the default: the
 heartbeat every third of the lease, fenced start and finish, backoff, and the reaper every
 second with its grace equal to the lease (the defaults are 30 s and 30 s). Its worker process is
-``python -m tenantlab.jobqueue worker`` with this module's handlers, which run the suite's
+``python -m jobqueue worker`` with this module's handlers, which run the suite's
 bodies: ``python -m tenantlab.check.queues.jobqueue --dsn DSN --history FILE [worker flags]``.
 """
 
@@ -15,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from jobqueue import Claim, Handlers
+from jobqueue import cli as jobqueue_cli
 
-from ...jobqueue import Claim, Handlers
-from ...jobqueue import cli as jobqueue_cli
+from ... import db
 from ...worker import worker_dsn
 from .. import bodies
 from ..adapter import Adapter, Options
@@ -52,12 +55,16 @@ class JobQueue(_kit.KitRow):
     promises: str = ("every attempt counted before work; a job runs again only after a fault; "
                      "a late finish is fenced out; exhausted jobs are reaped dead")
 
+    def install(self, dsn: str) -> None:
+        """``jobqueue migrate`` as the owner role, on the product's schema alone."""
+        db.install_product(dsn)
+
     def worker_command(self, dsn: str, history: str, options: Options) -> list[str]:
         return _kit.python(MODULE, dsn, history, "--lease", str(options.lease),
                            "--poll", str(options.poll))
 
     def maintenance_command(self, dsn: str, options: Options) -> list[str] | None:
-        return [sys.executable, "-m", "tenantlab.jobqueue", "reap", "--dsn", worker_dsn(dsn),
+        return [sys.executable, "-m", "jobqueue", "reap", "--dsn", worker_dsn(dsn),
                 "--loop", "1", "--grace", str(options.lease)]
 
 

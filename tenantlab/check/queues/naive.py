@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from jobqueue import Outcome, WorkerOptions, stop_on_signals
 
-from ...jobqueue import Outcome, Worker, WorkerOptions
-from ...jobqueue.worker import stop_on_signals
 from ...queue import SingleTransaction
+from ...worker import LabWorker
 from ..adapter import Adapter, Options
 from . import _kit
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--history", required=True)
     p.add_argument("--poll", type=float, default=0.2)
     args = p.parse_args(argv)
-    worker = Worker(args.dsn, WorkerOptions(poll=args.poll), queue=Bodies(args.history))
+    worker = LabWorker(args.dsn, WorkerOptions(poll=args.poll), Bodies(args.history))
     stop_on_signals(worker)
     worker.run()
     return 0

@@ -242,7 +242,7 @@ class Schedules:
         return f"Schedules({', '.join(self._by_name)})"
 
 
-#: The default registry: ``from tenantlab.jobqueue import schedules`` then ``schedules.add``.
+#: The default registry: ``from jobqueue import schedules`` then ``schedules.add``.
 schedules = Schedules()
 
 

@@ -10,6 +10,8 @@ import re
 from functools import cache
 from pathlib import Path
 
+__all__ = ["SQL_DIR", "parse", "q"]
+
 SQL_DIR = Path(__file__).resolve().parent / "sql"
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 

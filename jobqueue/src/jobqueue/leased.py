@@ -24,8 +24,9 @@ the fenced start, the handler's own statements, the fenced finish, COMMIT. A wor
 sends the claim of its next jobs with the finish, in one pipeline and one commit
 (``claim_next``): one durable commit per job, four round trips.
 
-Extension points (the lab uses them, a subclass may too): ``claim_query``, ``start_query``,
-``finish_query`` return the statement and parameters of each step.
+Extension points (public: a subclass may override them): ``claim_query``, ``start_query``,
+``finish_query`` return the statement and parameters of each step; ``chain_claims`` (False:
+always claim on its own). ``hooks`` (hooks.py) run the application's code around each job.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from .fair import fair as as_fair
 from .handlers import Handler, Handlers
 from .handlers import handlers as default_handlers
 from .heartbeat import AUTO, HeartbeatConfig, Heartbeats, Presence, check, dsn_of, interval_for
+from .hooks import NO_HOOKS, Hooks, after_finish, on_failure
 from .jobs import (
     Claim,
     ConfigError,
@@ -56,6 +58,7 @@ from .jobs import (
     error_detail,
 )
 from .queries import q
+from .tenant import DEFAULT_TENANT_SETTING, check_setting
 
 APP = (__package__ or "jobqueue").split(".")[0]
 log = logging.getLogger(APP)
@@ -79,7 +82,10 @@ class Leased:
     twice (off by default). ``fair``: a fair claim policy (fair.py) instead of the oldest first.
     ``chain_claims``: claim the next jobs in the finish's commit (False: always on their own).
     ``queues``: the queues this worker serves (default: ``'default'`` only); across them the
-    highest priority first, then the oldest claimable.
+    highest priority first, then the oldest claimable. ``tenant_setting``: the setting the
+    job's tenant is set to, locally (default ``app.tenant``: what the row-level security
+    policies read; a bound value, never formatted into SQL). ``hooks``: code around each job
+    (hooks.py).
     """
 
     name = "leased"
@@ -89,7 +95,8 @@ class Leased:
                  lease: float = 30.0, backoff: float = 1.0, backoff_cap: float = 300.0,
                  heartbeat: float | str | None = AUTO, max_runtime: float | None = None,
                  lossy_claim: bool = False, fair: Fair | str | None = None,
-                 queues: Iterable[str] | str = (DEFAULT_QUEUE,)) -> None:
+                 queues: Iterable[str] | str = (DEFAULT_QUEUE,),
+                 tenant_setting: str = DEFAULT_TENANT_SETTING, hooks: Hooks | None = None) -> None:
         if not lease > 0 or lease == float("inf"):
             raise ConfigError(f"lease must be a positive number of seconds, not {lease!r}")
         if backoff < 0 or backoff_cap < 0:
@@ -112,6 +119,8 @@ class Leased:
         self.presence: Presence | None = None
         #: The queues this worker serves, each once, in the order given.
         self.queues = parse_queues(queues)
+        self.tenant_setting = check_setting(tenant_setting)
+        self.hooks = hooks or NO_HOOKS
 
     def __repr__(self) -> str:
         extra = f", heartbeat={self.beat.interval:g}, max_runtime={self.beat.max_runtime}" \
@@ -146,7 +155,8 @@ class Leased:
         One row back (the start time) = started; no row = not started (fenced).
         """
         return q("start_if_owner"), {"id": claim.id, "attempt": claim.attempt,
-                                     "tenant": str(claim.tenant_id)}
+                                     "tenant": str(claim.tenant_id),
+                                     "setting": self.tenant_setting}
 
     def finish_query(self, claim: Claim) -> tuple[str, dict[str, Any]]:
         """Return the finish: fenced (only the claimed attempt may finish), its job_runs row.
@@ -212,6 +222,7 @@ class Leased:
                                         f"attempt {claim.attempt}: not started")
                     step = "complete"
                     fn = work or self.handlers.lookup(claim)
+                    self.hooks.before_start(claim)
                     with client_binding(conn):
                         result = fn(conn, claim)
                     # The heartbeat covers the work only: released before the finish, a beat
@@ -228,13 +239,17 @@ class Leased:
             # Rolled back; the attempt's record is written on its own.
             with _autocommit(conn):
                 outcome = self._record_fenced(conn, claim, str(e))
-            return Outcome(claim, "cancelled" if outcome == "cancelled" else "fenced",
-                           error=str(e))
+            fenced = Outcome(claim, "cancelled" if outcome == "cancelled" else "fenced",
+                             error=str(e))
+            after_finish(self.hooks, claim, fenced)
+            return fenced
         ev.emit("finish", job=claim.id, attempt=claim.attempt, result=result)
         logs.done(claim)
         # Committed: the next jobs are this worker's now.
         self._claimed(conn, claimed, claim.worker, ev)
-        return Outcome(claim, "done", result=result, claimed=claimed)
+        done = Outcome(claim, "done", result=result, claimed=claimed)
+        after_finish(self.hooks, claim, done)
+        return done
 
     def _record_fenced(self, conn: psycopg.Connection, claim: Claim, why: str) -> str:
         """Write a fenced attempt's job_runs row ('cancelled' if an operator cancelled it)."""
@@ -305,7 +320,9 @@ class Leased:
         text = error_detail(error)
         with _autocommit(conn):
             row = conn.execute(*self._fail_query(claim, text)).fetchone()
-        return self._failed(claim, text, row, ev, exc=error)
+        outcome = self._failed(claim, text, row, ev, exc=error)
+        on_failure(self.hooks, claim, outcome, error)
+        return outcome
 
     def _fail_query(self, claim: Claim, text: str) -> tuple[str, dict[str, Any]]:
         """Return the fenced fail, which also writes the attempt's job_runs row."""
@@ -363,6 +380,7 @@ class Leased:
         finish of the batch (their attempts were counted at the claim: they run again, counted).
         """
         results: list[tuple[Claim, Outcome]] = []
+        errors: dict[int, BaseException] = {}  # job id -> what its handler raised
         claimed: list[Claim] = []
         with _work_transaction(conn):
             started: dict[int, bool] = {}  # job index -> its start was sent (and succeeded)
@@ -381,8 +399,10 @@ class Leased:
                     if not started[i]:
                         raise LeaseLost(f"job {c.id} lease ran out before its start at attempt "
                                         f"{c.attempt}: not started")
+                    fn = self.handlers.lookup(c)
+                    self.hooks.before_start(c)
                     with client_binding(conn):
-                        result = self.handlers.lookup(c)(conn, c)
+                        result = fn(conn, c)
                     self.release(c)
                     nxt = claims[i + 1] if i + 1 < len(claims) else None
                     with conn.pipeline():
@@ -411,6 +431,7 @@ class Leased:
                         results.append((c, Outcome(c, "fenced", error=str(e))))
                         continue
                     text = error_detail(e)
+                    errors[c.id] = e
                     row = conn.execute(*self._fail_query(c, text)).fetchone()
                     results.append((c, self._failed(c, text, row, c.events, emit=False, exc=e)))
             more = claim_next() if callable(claim_next) else claim_next
@@ -432,6 +453,11 @@ class Leased:
                 ev.emit("fail", job=c.id, attempt=c.attempt, error=o.error, counted=True)
                 if o.status == "dead":
                     ev.emit("dead", job=c.id, attempt=c.attempt)
+        for c, o in results:
+            if c.id in errors:
+                on_failure(self.hooks, c, o, errors[c.id])
+            else:
+                after_finish(self.hooks, c, o)
         if claims:
             self._claimed(conn, claimed, claims[-1].worker, claims[-1].events)
             results[-1][1].claimed = claimed

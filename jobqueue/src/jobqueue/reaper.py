@@ -50,7 +50,16 @@ class ReaperConfig:
 
 
 class Reaper:
-    """Give expired leases a final decision, one batch per ``run_once``."""
+    """Give expired leases a final decision, one batch per ``run_once``.
+
+    Jobs whose lease ran out more than ``grace`` seconds ago: dead when their attempts are
+    spent, queued again with ``requeue``. Hazard: the reaper decides by the clock. A worker
+    that is alive but slower than its lease looks exactly like a dead one; reaping its job
+    fences that worker out (its finish no longer matches and rolls back), but the work it
+    already did outside the database happened anyway, and with ``requeue`` another worker will
+    do it again. The grace covers a late beat; the heartbeat, which keeps live leases fresh, is
+    what tells the living from the dead.
+    """
 
     def __init__(self, conn: psycopg.Connection, config: ReaperConfig | None = None,
                  events: Events | None = None) -> None:

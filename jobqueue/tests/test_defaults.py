@@ -6,7 +6,6 @@ rows), never a duration: the waits below only bound how long a test may take to 
 
 from __future__ import annotations
 
-import inspect
 import os
 import signal
 import subprocess
@@ -23,10 +22,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import Scratch
 from psycopg import sql
 
-from tenantlab import db, queue
-from tenantlab.jobqueue import (
+from jobqueue import (
     Claim,
     ConfigError,
     HeartbeatConfig,
@@ -40,12 +39,12 @@ from tenantlab.jobqueue import (
 
 FINAL = ("done", "dead")
 
-# Handlers for workers started as `python -m tenantlab.jobqueue --handlers defaults_jobs`:
+# Handlers for workers started as `python -m jobqueue --handlers defaults_jobs`:
 # each execution appends a line to a file (outside the database, so a rollback cannot hide it).
 HANDLERS_MODULE = textwrap.dedent("""
     import os, time
 
-    from tenantlab.jobqueue import Handlers
+    from jobqueue import Handlers
 
     def slow(conn, job):
         with open(os.environ["DEFAULTS_EXECUTIONS"], "a") as f:
@@ -57,13 +56,13 @@ HANDLERS_MODULE = textwrap.dedent("""
 
 
 @pytest.fixture
-def conn(scratch: db.Scratch) -> Iterator[psycopg.Connection]:
+def conn(scratch: Scratch) -> Iterator[psycopg.Connection]:
     with scratch.connect("worker", "test defaults", autocommit=True) as c:
         yield c
 
 
 def state(conn: psycopg.Connection, job: int) -> tuple[str, int]:
-    row = conn.execute("select status, attempts from jobs where id = %s", (job,)).fetchone()
+    row = conn.execute("select status, attempts from jobqueue.jobs where id = %s", (job,)).fetchone()
     assert row is not None, f"job {job} is gone"
     return row[0], row[1]
 
@@ -80,7 +79,7 @@ def wait_until(check: Callable[[], bool], limit: float) -> bool:
 
 def all_final(conn: psycopg.Connection, ids: list[int]) -> Callable[[], bool]:
     def check() -> bool:
-        return bool(conn.execute("select bool_and(status in ('done', 'dead')) from jobs "
+        return bool(conn.execute("select bool_and(status in ('done', 'dead')) from jobqueue.jobs "
                                  "where id = any(%s)", (ids,)).fetchone()[0])
     return check
 
@@ -117,14 +116,14 @@ def in_thread(worker: Worker) -> Iterator[InThread]:
 
 @contextmanager
 def cli_workers(n: int, flags: list[str], dsn: str, tmp_path: Path) -> Iterator[Path]:
-    """Start `n` ``python -m tenantlab.jobqueue`` workers; yield the executions file; stop them."""
+    """Start `n` ``python -m jobqueue`` workers; yield the executions file; stop them."""
     (tmp_path / "defaults_jobs.py").write_text(HANDLERS_MODULE)
     executions = tmp_path / "executions"
     executions.touch()
     env = dict(os.environ, JOBQUEUE_DSN=dsn, DEFAULTS_EXECUTIONS=str(executions),
                PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path),
                                                         os.environ.get("PYTHONPATH")])))
-    procs = [subprocess.Popen([sys.executable, "-m", "tenantlab.jobqueue", "--handlers",
+    procs = [subprocess.Popen([sys.executable, "-m", "jobqueue", "--handlers",
                                "defaults_jobs", *flags], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for _ in range(n)]
     try:
@@ -150,7 +149,7 @@ def executions_of(path: Path) -> Counter[int]:
 # 1 ------------------------------------------------------------------------------------------
 
 def test_a_job_longer_than_the_lease_runs_once_with_the_lease_as_the_only_flag(
-        scratch: db.Scratch, conn: psycopg.Connection, tmp_path: Path) -> None:
+        scratch: Scratch, conn: psycopg.Connection, tmp_path: Path) -> None:
     with conn.transaction():
         job = enqueue(conn, "slow", tenant=1, payload={"seconds": 4})
     with cli_workers(2, ["--lease", "2"], scratch.worker, tmp_path) as executions:
@@ -164,7 +163,7 @@ def test_a_job_longer_than_the_lease_runs_once_with_the_lease_as_the_only_flag(
 # 2 ------------------------------------------------------------------------------------------
 
 def test_the_lease_alone_gives_a_heartbeat_that_moves_locked_until(
-        scratch: db.Scratch, conn: psycopg.Connection) -> None:
+        scratch: Scratch, conn: psycopg.Connection) -> None:
     started, release = threading.Event(), threading.Event()
 
     def hold(c: psycopg.Connection, job: Claim) -> None:
@@ -175,7 +174,7 @@ def test_the_lease_alone_gives_a_heartbeat_that_moves_locked_until(
         job = enqueue(conn, "hold", tenant=1)
 
     def lease() -> Any:
-        return conn.execute("select locked_until from jobs where id = %s", (job,)).fetchone()[0]
+        return conn.execute("select locked_until from jobqueue.jobs where id = %s", (job,)).fetchone()[0]
 
     options = WorkerOptions(lease=2.0, until_empty=True, listen=False)
     with in_thread(Worker(scratch.worker, options, {"hold": hold})) as w:
@@ -194,7 +193,7 @@ def test_the_lease_alone_gives_a_heartbeat_that_moves_locked_until(
 # 3 ------------------------------------------------------------------------------------------
 
 def test_a_batch_longer_than_the_lease_runs_each_job_once(
-        scratch: db.Scratch, conn: psycopg.Connection, tmp_path: Path) -> None:
+        scratch: Scratch, conn: psycopg.Connection, tmp_path: Path) -> None:
     with conn.transaction():
         ids = [enqueue(conn, "slow", tenant=1, payload={"seconds": 1}) for _ in range(6)]
     with cli_workers(2, ["--lease", "2", "--batch", "6"], scratch.worker,
@@ -213,12 +212,12 @@ def test_the_reaper_by_default_leaves_a_lease_that_expired_a_moment_ago(
     with conn.transaction():
         job = enqueue(conn, "slow", tenant=1, max_attempts=1)
     # Its last attempt, still running (a GC pause, a slow beat): the lease ran out just now.
-    conn.execute("update jobs set status = 'running', attempts = 1, "
+    conn.execute("update jobqueue.jobs set status = 'running', attempts = 1, "
                  "locked_until = clock_timestamp() - interval '1 second' where id = %s", (job,))
     assert Reaper(conn).run_once() == [], "the default reaper has no grace: it reaped a live job"
     assert state(conn, job) == ("running", 1)
     # Long past any grace, the same job is reaped: the reaper still works.
-    conn.execute("update jobs set locked_until = clock_timestamp() - interval '1 hour' "
+    conn.execute("update jobqueue.jobs set locked_until = clock_timestamp() - interval '1 hour' "
                  "where id = %s", (job,))
     assert [r["id"] for r in Reaper(conn).run_once()] == [job]
     assert state(conn, job) == ("dead", 1)
@@ -227,7 +226,7 @@ def test_the_reaper_by_default_leaves_a_lease_that_expired_a_moment_ago(
 # 5 ------------------------------------------------------------------------------------------
 
 def test_a_claim_whose_lease_expired_before_its_start_is_not_started(
-        scratch: db.Scratch, conn: psycopg.Connection) -> None:
+        scratch: Scratch, conn: psycopg.Connection) -> None:
     calls: list[tuple[int, int]] = []
     handlers = {"once": lambda c, job: calls.append((job.id, job.attempt))}
     with conn.transaction():
@@ -240,7 +239,7 @@ def test_a_claim_whose_lease_expired_before_its_start_is_not_started(
         claims = paused.claim_many(conn, 2)
         assert [c.id for c in claims] == [taken, expired]
         assert wait_until(lambda: conn.execute(
-            "select bool_and(locked_until < clock_timestamp()) from jobs where id = any(%s)",
+            "select bool_and(locked_until < clock_timestamp()) from jobqueue.jobs where id = any(%s)",
             ([taken, expired],)).fetchone()[0], 10)
         with scratch.connect("worker", "test defaults other", autocommit=True) as c2:
             takeover = other.claim(c2)  # the first job is another worker's now
@@ -260,7 +259,7 @@ def test_a_claim_whose_lease_expired_before_its_start_is_not_started(
 
 # 6 ------------------------------------------------------------------------------------------
 
-def test_the_heartbeat_does_not_wait_on_a_locked_row(scratch: db.Scratch,
+def test_the_heartbeat_does_not_wait_on_a_locked_row(scratch: Scratch,
                                                      conn: psycopg.Connection) -> None:
     with conn.transaction():
         ids = [enqueue(conn, "held", tenant=1) for _ in range(3)]
@@ -272,7 +271,7 @@ def test_the_heartbeat_does_not_wait_on_a_locked_row(scratch: db.Scratch,
         locked, others = ids[1], [held[ids[0]], held[ids[2]]]
         with scratch.connect("worker", "test defaults lock") as locker:
             # A batch transaction (or anyone) holding the middle job's row lock.
-            locker.execute("select 1 from jobs where id = %s for update", (locked,))
+            locker.execute("select 1 from jobqueue.jobs where id = %s for update", (locked,))
             before = [h.beats for h in others]
             rising = wait_until(lambda: all(h.beats >= b + 3 for h, b in zip(others, before, strict=True)), 5)
             lost_while_locked = held[locked].lost
@@ -302,14 +301,14 @@ begin
 end $$;
 create constraint trigger sync_at_commit after insert on sync_probe
   deferrable initially deferred for each row execute function record_sync_at_commit();
-grant select, insert on sync_probe, sync_at_commit to tenantlab_worker;
+grant select, insert on sync_probe, sync_at_commit to {worker};
 """
 
 
-def test_lossy_claim_leaves_the_batch_commit_durable(scratch: db.Scratch,
+def test_lossy_claim_leaves_the_batch_commit_durable(scratch: Scratch,
                                                      conn: psycopg.Connection) -> None:
     with scratch.connect("admin", "test defaults probe", autocommit=True) as admin:
-        admin.execute(SYNC_PROBE)
+        admin.execute(sql.SQL(SYNC_PROBE).format(worker=sql.Identifier(scratch.worker_role)))
 
     def probe(c: psycopg.Connection, job: Claim) -> None:
         c.execute("insert into sync_probe values (%s, current_setting('synchronous_commit'))",
@@ -332,7 +331,7 @@ def test_lossy_claim_leaves_the_batch_commit_durable(scratch: db.Scratch,
 
 # 8 ------------------------------------------------------------------------------------------
 
-def test_a_worker_claims_only_the_kinds_it_has_handlers_for(scratch: db.Scratch,
+def test_a_worker_claims_only_the_kinds_it_has_handlers_for(scratch: Scratch,
                                                              conn: psycopg.Connection) -> None:
     ran: list[int] = []
     with conn.transaction():
@@ -347,12 +346,12 @@ def test_a_worker_claims_only_the_kinds_it_has_handlers_for(scratch: db.Scratch,
     assert state(conn, theirs) == ("queued", 0), "a worker without the kind's handler burnt it"
 
 
-def test_a_worker_without_handlers_refuses_to_start(scratch: db.Scratch,
+def test_a_worker_without_handlers_refuses_to_start(scratch: Scratch,
                                                     conn: psycopg.Connection) -> None:
     with conn.transaction():
         job = enqueue(conn, "b", tenant=1)
     # --until-empty only so that a worker that starts anyway ends on its own.
-    r = subprocess.run([sys.executable, "-m", "tenantlab.jobqueue", "worker", "--dsn",
+    r = subprocess.run([sys.executable, "-m", "jobqueue", "worker", "--dsn",
                         scratch.worker, "--until-empty"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2, f"exit {r.returncode}, job {state(conn, job)}: {r.stderr}"
@@ -363,32 +362,6 @@ def test_a_worker_without_handlers_refuses_to_start(scratch: db.Scratch,
 
 
 # 9 ------------------------------------------------------------------------------------------
-
-def test_the_lab_worker_overrides_no_private_method() -> None:
-    private = [name for name, value in vars(queue.Leased).items()
-               if name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
-               and (inspect.isfunction(value)
-                    or isinstance(value, (staticmethod, classmethod, property)))]
-    assert private == [], f"tenantlab.queue.Leased overrides private methods: {private}"
-
-
-def test_both_command_lines_refuse_fair_with_lossy_claim(scratch: db.Scratch,
-                                                        env_with_db: dict[str, str],
-                                                        tmp_path: Path) -> None:
-    flags = ["--fair", "round-robin", "--lossy-claim", "--until-empty", "--dsn", scratch.worker]
-    jq = subprocess.run([sys.executable, "-m", "tenantlab.jobqueue", *flags],
-                        capture_output=True, text=True, timeout=60)
-    lab = subprocess.run([sys.executable, "-m", "tenantlab", "worker", *flags,
-                          "--events", str(tmp_path / "events.jsonl")],
-                         env=env_with_db, capture_output=True, text=True, timeout=60)
-    assert jq.returncode == 2, jq.stderr
-    assert lab.returncode == 2, f"tenantlab worker accepted it (exit {lab.returncode}): " \
-                                f"{lab.stderr.strip()}"
-    # One validation for both: the same message after each command's own prefix.
-    def message(err: str) -> str:
-        return err.strip().splitlines()[-1].split(": ", 1)[-1]
-    assert message(lab.stderr) == message(jq.stderr)
-
 
 # 10 -----------------------------------------------------------------------------------------
 
@@ -403,7 +376,7 @@ grant select, insert, update, delete on jobqueue.workers to {worker};
 
 
 def test_uuid_tenants_each_run_as_their_own_tenant(fresh_db: dict[str, str]) -> None:
-    from tenantlab.jobqueue.migrations import migrate
+    from jobqueue.migrations import migrate
 
     with psycopg.connect(fresh_db["admin"], autocommit=True) as c:
         c.execute(sql.SQL("set role {}").format(sql.Identifier(fresh_db["owner"])))

@@ -19,6 +19,8 @@ from psycopg import sql
 from .jobs import ConfigError
 from .queries import q
 
+__all__ = ["TENANT_TYPES", "available", "check", "latest", "migrate"]
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 TENANT_TYPES = ("bigint", "integer", "uuid", "text")
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")

@@ -68,5 +68,5 @@ class Handlers(Mapping[str, Handler]):
         return f"Handlers({', '.join(self._by_kind)})"
 
 
-#: The default registry: ``from tenantlab.jobqueue import handlers`` then ``@handlers.register``.
+#: The default registry: ``from jobqueue import handlers`` then ``@handlers.register``.
 handlers = Handlers()

@@ -1,7 +1,7 @@
 """Worker options, defined once: the dataclass's fields generate the command line's flags.
 
 Each field carries its help and its parser in ``metadata``; ``add_flags`` turns the fields of
-any options dataclass (the lab's adds its own) into argparse flags, ``from_args`` reads them
+any options dataclass (a subclass may add its own) into argparse flags, ``from_args`` reads them
 back, ``to_argv`` writes the flags that start a worker with these options.
 """
 
@@ -19,6 +19,10 @@ from .fair import Fair
 from .fair import flag as fair_flag
 from .heartbeat import AUTO, check, interval_for
 from .jobs import MAX_COUNT, MAX_SECONDS, ConfigError
+from .tenant import DEFAULT_TENANT_SETTING, check_setting
+
+__all__ = ["Parser", "WorkerOptions", "add_flags", "count", "from_args", "number", "option", "seconds",
+           "to_argv"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -67,6 +71,14 @@ def queues_flag(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def setting_flag(text: str) -> str:
+    """Parse --tenant-setting: a custom setting's name (``prefix.name``)."""
+    try:
+        return check_setting(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def option(default: Any, help: str, *, parse: Callable[[str], Any] | None = None,
            flag: str | None = None, choices: list[str] | None = None) -> Any:
     """Declare one option: its default, its help line, how its flag's value is parsed."""
@@ -76,7 +88,7 @@ def option(default: Any, help: str, *, parse: Callable[[str], Any] | None = None
 
 @dataclass
 class WorkerOptions:
-    """What one worker process does: the flags of ``python -m tenantlab.jobqueue``."""
+    """What one worker process does: the flags of ``jobqueue``."""
 
     lease: float = option(30.0, "lease in seconds: how long a claim is exclusive",
                           parse=seconds("lease"))
@@ -116,6 +128,10 @@ class WorkerOptions:
         None, "claim fairly across tenants: round-robin (the oldest job of the tenant served "
               "least recently) or limit=N (skip tenants already running N jobs); default FIFO",
         parse=fair_flag)
+    tenant_setting: str = option(
+        DEFAULT_TENANT_SETTING, "the setting each job's tenant is set to, locally, for its "
+                                "transaction: what your row-level security policies read "
+                                "(a custom setting, prefix.name)", parse=setting_flag)
 
     def __post_init__(self) -> None:
         for name in ("lease", "backoff", "heartbeat", "max_runtime", "poll", "max_outage"):
@@ -141,6 +157,7 @@ class WorkerOptions:
         if not isinstance(self.queues, str):
             self.queues = ",".join(self.queues)  # a list of queues, as the flag writes it
         self.queues = ",".join(parse_queues(self.queues))
+        check_setting(self.tenant_setting)
 
     def heartbeat_setting(self) -> float | str | None:
         """Return the heartbeat as ``Leased`` takes it: AUTO (the default), seconds, or None (off)."""

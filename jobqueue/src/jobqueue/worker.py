@@ -26,12 +26,13 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 
 from .handlers import Handlers
 from .heartbeat import Presence
+from .hooks import Hooks
 from .jobs import Claim, ConfigError, Events, JobQueueError, NullEvents, Outcome, error_text
 from .leased import Leased, broken
 from .options import WorkerOptions
@@ -56,11 +57,6 @@ LOST = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnl
 
 class ServerLost(JobQueueError):
     """The server stayed unreachable for longer than the worker's ``max_outage``."""
-
-
-class Queue(Protocol):
-    def run_one(self, conn: psycopg.Connection, *, worker: str = ...,
-                events: Any = None) -> Outcome | None: ...
 
 
 class Outage:
@@ -97,11 +93,19 @@ class Outage:
 
 
 class Worker:
-    """Claim and run jobs in a loop; stop between jobs when asked; reconnect when cut off."""
+    """Claim and run jobs in a loop; stop between jobs when asked; reconnect when cut off.
+
+    ``queue``: a ``Leased`` (or a subclass of it) instead of the one made from ``options``,
+    ``handlers`` and ``hooks``. ``run_round`` is the extension point for a subclass that runs
+    jobs its own way: the loop around it (reconnects, LISTEN, stops, periodic jobs) stays.
+    """
 
     def __init__(self, dsn: str, options: WorkerOptions | None = None,
-                 handlers: Handlers | None = None, *, queue: Queue | None = None,
-                 events: Events | None = None, schedules: Schedules | None = None) -> None:
+                 handlers: Handlers | dict[str, Any] | None = None, *,
+                 queue: Leased | None = None, events: Events | None = None,
+                 schedules: Schedules | None = None, hooks: Hooks | None = None) -> None:
+        if queue is not None and hooks is not None:
+            raise ConfigError("hooks belong to the queue: pass them to the Leased given as queue")
         self.dsn = dsn
         self.options = o = options or WorkerOptions()
         self.name = o.name or f"worker-{os.getpid()}"
@@ -109,18 +113,16 @@ class Worker:
         self.queue = queue or Leased(handlers, lease=o.lease, backoff=o.backoff,
                                      heartbeat=o.heartbeat_setting(),
                                      max_runtime=o.max_runtime, lossy_claim=o.lossy_claim,
-                                     fair=o.fair, queues=o.queues)
+                                     fair=o.fair, queues=o.queues,
+                                     tenant_setting=o.tenant_setting, hooks=hooks)
         self.stopping = False
         self.claimed = 0
         self.outage = Outage(self.name, o.max_outage, sleep=self._sleep)
-        #: Its ``jobqueue.workers`` row: alive, and the kinds it serves (``stats`` reads it).
-        self.presence: Presence | None = None
-        kinds = getattr(self.queue, "kinds", None)
-        if callable(kinds):
-            self.presence = Presence(self.name, list(kinds()), ttl=max(PRESENCE_TTL,
-                                                                       2 * o.lease))
-            if isinstance(self.queue, Leased):
-                self.queue.presence = self.presence
+        #: Its ``jobqueue.workers`` row: alive, and the kinds it serves (``stats`` reads it);
+        #: None: the worker does not announce itself.
+        self.presence: Presence | None = Presence(
+            self.name, list(self.queue.kinds()), ttl=max(PRESENCE_TTL, 2 * o.lease))
+        self.queue.presence = self.presence
         #: The periodic jobs this worker enqueues as their slots come (periodic.py); default:
         #: the package's ``schedules`` registry.
         self.schedules = default_schedules if schedules is None else schedules
@@ -140,7 +142,7 @@ class Worker:
         (no handlers; a server never reached, a failed login, no such database; the schema
         missing or behind; a grant missing).
         """
-        if isinstance(self.queue, Leased) and not self.queue.handlers:
+        if not self.queue.handlers:
             raise ConfigError("no handlers registered: pass --handlers MODULE, a module that "
                               "registers its functions with @handlers.register(KIND)")
         # Never reached, or reached and wrong (login, database, schema, grants): a
@@ -163,9 +165,7 @@ class Worker:
                         raise ConfigError(diagnose(e)) from e
                     self.outage.failed(e)
         finally:
-            close = getattr(self.queue, "close", None)
-            if close is not None:
-                close()
+            self.queue.close()
             self.events.emit("worker-stop", claimed=self.claimed)
         return self.claimed
 
@@ -186,7 +186,7 @@ class Worker:
             try:
                 if len(self.schedules):
                     self.periodic.tick(conn)  # a clock comparison unless a slot has come
-                outcomes = self._one_round(conn, pending)
+                outcomes = self.run_round(conn, pending)
             except psycopg.Error as e:
                 if broken(conn) or isinstance(e, psycopg.errors.ReadOnlySqlTransaction):
                     raise  # an outage: reconnect
@@ -223,10 +223,13 @@ class Worker:
         o = self.options
         return not self.stopping and (o.max_jobs is None or self.claimed + after < o.max_jobs)
 
-    def _one_round(self, conn: psycopg.Connection, pending: list[Claim]) -> list[Outcome]:
-        if not isinstance(self.queue, Leased):
-            outcome = self.queue.run_one(conn, worker=self.name, events=self.events)
-            return [outcome] if outcome is not None else []
+    def run_round(self, conn: psycopg.Connection, pending: list[Claim]) -> list[Outcome]:
+        """Claim up to ``batch`` jobs (or take `pending`, claimed with the last finish); run them.
+
+        Return their outcomes, in order (none: the queue had nothing claimable); the last one's
+        ``claimed`` are the next round's `pending`. An extension point: a subclass may run
+        jobs its own way here; the loop around it stays.
+        """
         batch = self.options.batch
         claims = pending or self.queue.claim_many(conn, batch, worker=self.name,
                                                   events=self.events)

@@ -1,4 +1,4 @@
--- The worker's queries (tenantlab/jobqueue). Job ids, tenants, attempts, leases and durations
+-- The worker's queries (jobqueue). Job ids, tenants, attempts, leases and durations
 -- are always bound parameters; every table is named with its schema (`jobqueue.`), so nothing
 -- depends on the session's search_path. A guard is in the WHERE clause and in the name:
 -- `_if_owner` queries act only for the attempt this worker claimed, and say by their row count
@@ -197,16 +197,17 @@ returning id, tenant_id, attempts as attempt, kind, payload;
 -- local form (it ends with the transaction, whatever the outcome), only while this attempt still
 -- owns the job and its lease has not run out (no row: do not start; another worker may already
 -- run it). A read: it takes no transaction id and, in READ COMMITTED, holds no snapshot after
--- it, so a handler that does not write holds nothing VACUUM waits for.
+-- it, so a handler that does not write holds nothing VACUUM waits for. The setting's name
+-- (default app.tenant, WorkerOptions.tenant_setting) is bound like the tenant.
 -- name: start_if_owner
-select clock_timestamp() as started, set_config('app.tenant', %(tenant)s, true)
+select clock_timestamp() as started, set_config(%(setting)s, %(tenant)s, true)
   from jobqueue.jobs
  where id = %(id)s and attempts = %(attempt)s and status = 'running'
    and locked_until > clock_timestamp();
 
 -- Run by handlers that need the tenant set again (or set by hand): the local form only.
 -- name: tenant_set_local
-select set_config('app.tenant', %(tenant)s, true);
+select set_config(%(setting)s, %(tenant)s, true);
 
 -- Run by Leased.execute as the last statement of the work's transaction: only the attempt that
 -- was claimed may finish; the execution's job_runs row is written with it (outcome 'done', the
@@ -372,7 +373,7 @@ delete from jobqueue.job_runs
                order by id limit %(batch)s)
 returning id;
 
--- Run by the lab (tenantlab/experiments/workers.py) and tests: how many jobs are in each state.
+-- Run by tests and tools that embed the queue: how many jobs are in each state.
 -- An operator's view is `python -m jobqueue stats` (ops.py: the stats_* queries below).
 -- name: job_counts
 select status, count(*) as jobs from jobqueue.jobs group by status order by status;

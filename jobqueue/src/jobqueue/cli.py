@@ -1,4 +1,4 @@
-"""The command line: ``python -m tenantlab.jobqueue [worker|reap|prune|migrate|OPS] --dsn DSN``.
+"""The command line: ``jobqueue [worker|reap|prune|migrate|OPS] --dsn DSN``.
 
 ``worker`` (the default) runs jobs with the handlers an application registered
 (``--handlers myapp.jobs`` imports that module first); ``reap`` gives expired leases a final
@@ -41,12 +41,16 @@ from . import worker as w
 from .enqueue import enqueue
 from .handlers import Handlers
 from .handlers import handlers as default_handlers
+from .hooks import Hooks
 from .jobs import ConfigError, JobQueueError, UnknownKind
 from .options import Parser, WorkerOptions, add_flags, count, from_args, seconds
 from .periodic import Schedules
 from .periodic import schedules as default_schedules
 from .preflight import check_dsn, connect, connect_checked, diagnose, one_line, preflight, refused_login
 from .reaper import Reaper, ReaperConfig, prune
+
+__all__ = ["DSN_ENV", "add_ops_commands", "add_reap_flags", "cmd_reap", "load_handlers", "main",
+           "parser"]
 
 PROG = f"python -m {__package__}"
 DSN_ENV = "JOBQUEUE_DSN"
@@ -88,6 +92,17 @@ def load_handlers(spec: str | None) -> Handlers:
         return Handlers(found)
     raise ConfigError(f"{spec} is a {type(found).__name__}, not a Handlers or a mapping "
                       "from kind to function")
+
+
+def load_hooks(spec: str | None) -> Hooks | None:
+    """Return the hooks the handlers module declared (its ``hooks``, a ``Hooks``), if any."""
+    module = sys.modules.get((spec or "").partition(":")[0]) if spec else None
+    found = getattr(module, "hooks", None)
+    if found is None:
+        return None
+    if not isinstance(found, Hooks):
+        raise ConfigError(f"{spec}.hooks is a {type(found).__name__}, not a jobqueue Hooks")
+    return found
 
 
 def load_schedules(spec: str | None) -> Schedules:
@@ -200,7 +215,7 @@ def _job_id(text: str) -> int:
 
 def add_ops_commands(sub: argparse._SubParsersAction[Any],
                      dsn: dict[str, Any]) -> list[argparse.ArgumentParser]:
-    """Add stats, jobs, show, retry and cancel (the kit's ``tenantlab queue`` has the same)."""
+    """Add stats, jobs, show, retry and cancel (an embedding command line may add them too)."""
     as_json: dict[str, Any] = {"action": "store_true",
                                "help": "print JSON (a stable contract, see ops.py)"}
     st = sub.add_parser("stats", help="jobs per status, kind and tenant; the oldest wait; "
@@ -357,14 +372,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     options = from_args(WorkerOptions, args)
     # Its run() refuses to start without handlers, then runs the preflight.
     worker = w.Worker(args.dsn, options, load_handlers(args.handlers),
-                      schedules=load_schedules(args.handlers))
+                      schedules=load_schedules(args.handlers), hooks=load_hooks(args.handlers))
     w.stop_on_signals(worker)
     worker.run()
     return w.EXIT_STOPPED
 
 
 def add_reap_flags(p: argparse.ArgumentParser) -> None:
-    """The reaper's flags (the kit's ``tenantlab reap`` has the same)."""
+    """The reaper's flags."""
     p.add_argument("--requeue", action="store_true",
                    help="also requeue expired jobs that have attempts left")
     p.add_argument("--grace", type=seconds("grace", zero=True), default=ReaperConfig.grace,

@@ -31,6 +31,9 @@ from psycopg.rows import dict_row
 from .jobs import ConfigError, JobQueueError
 from .queries import q
 
+__all__ = ["NoSuchJob", "RETRY_ATTEMPTS", "STATUSES", "WrongState", "age", "cancel", "jobs", "retry",
+           "retry_dead", "show", "stats"]
+
 #: A retry's fresh budget unless told otherwise (enqueue's default max_attempts).
 RETRY_ATTEMPTS = 3
 STATUSES = ("queued", "running", "done", "dead", "cancelled")

@@ -6,8 +6,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tenantlab.jobqueue import ConfigError, migrations
-from tenantlab.jobqueue.queries import SQL_DIR
+from jobqueue import ConfigError, migrations
+from jobqueue.queries import SQL_DIR
 
 # Every object of the schema jobqueue, as the catalog describes it (names, types, defaults,
 # constraints, indexes, the view): what must not depend on how the schema was made.
