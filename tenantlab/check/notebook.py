@@ -19,7 +19,7 @@ import pandas as pd
 from . import runner
 from .adapter import Adapter, Options, rows
 from .checks import OVERLAP_NOISE, Result, Trial
-from .matrix import applies, columns, marks, star
+from .matrix import applies, columns, marks, star, value
 from .scenarios import MEASURED, SCENARIOS
 
 STORED = Path(__file__).resolve().parents[2] / "docs" / "check.json"
@@ -83,7 +83,7 @@ def settings(result: dict[str, Any] | None = None) -> pd.DataFrame:
     """Return what each row sets, one line per setting."""
     result = result or load()
     return pd.DataFrame([{"row": f"{r['queue']} {star(r['setting'])}", "setting": k,
-                          "value": str(v)} for r in result["rows"] for k, v in r["settings"].items()],
+                          "value": value(v)} for r in result["rows"] for k, v in r["settings"].items()],
                         columns=["row", "setting", "value"])
 
 

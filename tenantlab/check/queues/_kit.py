@@ -34,7 +34,7 @@ class KitRow:
     links: dict[str, str] = field(default_factory=dict)
     promises: str = ""
     install_hint: str = "part of tenantlab"
-    features: frozenset[str] = frozenset({"tenant-hook", "attempts"})
+    features: frozenset[str] = frozenset({"tenant-hook", "attempts", "pgbouncer"})
 
     def version(self) -> str | None:
         return f"tenantlab {__version__}"
