@@ -54,7 +54,8 @@ class Policy:
     ``crash_final``: when its settings make a job that fails every attempt / kills its worker
     every attempt final (None: never). ``poll``: the longest an idle worker waits before it
     looks for a job (0: woken by a NOTIFY only). ``basis``: one sentence saying how the
-    numbers follow from the settings.
+    numbers follow from the settings. ``concurrency``: how many jobs one worker runs at once
+    (printed beside throughput).
     """
 
     budget: int | None = 3
@@ -63,6 +64,7 @@ class Policy:
     crash_final: float | None = None
     poll: float = 0.0
     basis: str = ""
+    concurrency: str = "1 job at a time per worker"
 
 
 def policy_of(adapter: Any, options: Options) -> Policy:
@@ -116,6 +118,9 @@ class Adapter(Protocol):
 
     def states(self, dsn: str) -> dict[str, State]:
         """Every job's state by id, mapped to queued / running / done / failed / dead."""
+
+    # Optional: ``policy(options) -> Policy`` (what its settings promise), ``created(dsn) ->
+    # {id: epoch seconds}`` (each job's insert on the server's clock, for ``wake``).
 
 
 def _builtin() -> dict[str, str]:

@@ -478,19 +478,23 @@ def check_tenant_leak(trial: Trial) -> Result:
 
 
 def check_wake(trial: Trial) -> Result:
-    """Measured: seconds from an idle enqueue to the body's start."""
+    """Measured: seconds from an idle enqueue to the body's start, from the server's timestamp of
+    the inserting transaction where the adapter reads it (``notes["created"]``), else from the
+    enqueue call's return (then a worker woken by the commit may start first: 0)."""
     if (r := _suite_error(trial)) is not None:
         return r
     first = {job: runs[0].start for job, runs in by_job(trial.executions).items()}
     probes = [j for j in trial.jobs if j.payload.get("probe")]
-    # From the call's return: the commit came before it, so a worker woken by it may start
-    # before the call has returned (then 0).
-    lat = [max(0.0, first[j.id] - j.enqueued) for j in probes if j.id in first]
+    created: dict[str, float] = trial.notes.get("created") or {}
+    lat = [max(0.0, first[j.id] - created.get(j.id, j.enqueued)) for j in probes if j.id in first]
     if not lat:
         return Result("indeterminate", ["no probe job started within the bound"])
     calls = [j.enqueued - j.requested for j in probes if j.requested is not None]
     measured = {"median_ms": round(1000 * statistics.median(lat), 1),
                 "max_ms": round(1000 * max(lat), 1), "probes": len(lat),
+                "from": ("the insert's server timestamp" if all(j.id in created for j in probes)
+                         else "the enqueue call's return"),
+                "poll_s": trial.policy.poll,
                 "enqueue_call_ms": round(1000 * statistics.median(calls), 1) if calls else None}
     witness = not_terminal(trial, [j.id for j in probes])
     return Result("fail" if witness else "pass", witness, measured)
@@ -505,6 +509,7 @@ def check_throughput(trial: Trial) -> Result:
         return Result("indeterminate", ["fewer than two jobs finished within the bound"])
     span = max(e.end or 0 for e in ended) - min(e.start for e in trial.executions)
     measured = {"jobs": len(trial.jobs), "done": len(ended),
-                "jobs_per_s": round(len(ended) / span, 1) if span > 0 else None}
+                "jobs_per_s": round(len(ended) / span, 1) if span > 0 else None,
+                "concurrency": trial.policy.concurrency}
     witness = not_terminal(trial)
     return Result("fail" if witness else "pass", witness[:3], measured)

@@ -80,6 +80,7 @@ def cell(adapter: Adapter, scenario: Scenario, runs: int, options: Options | Non
         if r.result != "pass" or r.witness:
             witness += [f"run {i}: {w}" if runs > 1 else w for w in r.witness]
     measured = dict(results[-1].measured)
+    measured.pop("created", None)
     if "na" in kinds and verdict == "pass":
         measured["earned_runs"] = sum(r.result == "pass" for r in results)
     exits = [r.measured.get("workers_exited") for r in results]
@@ -205,7 +206,10 @@ def mark(c: dict[str, Any], scenario: str, default_failed: bool = False) -> str:
         value = m.get("median_ms") if scenario == "wake" else m.get("jobs_per_s")
         if isinstance(value, list):
             value = f"{value[0]:g}-{value[1]:g}"
-        return f"{value} ms" if scenario == "wake" else f"{value}/s"
+        if scenario == "wake":
+            return f"{value} ms"
+        c = m.get("concurrency")
+        return f"{value}/s" + (f" ({c})" if c and not str(c).startswith("1 job") else "")
     text = "~" if default_failed else "✓"
     t = _final_time(c, "_final_s")
     if scenario in ("poison", "crash") and t is not None:

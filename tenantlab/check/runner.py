@@ -382,6 +382,9 @@ def run(adapter: Adapter, scenario: Any, *, options: Options | None = None,
                 scenario.script(ctx)
             _settle(ctx)
             trial.end = time.time()
+            if scenario.id == "wake" and hasattr(adapter, "created"):
+                with contextlib.suppress(psycopg.Error):
+                    trial.notes["created"] = adapter.created(scratch.admin)
             trial.executions = ctx.executions()
             try:
                 trial.states = {str(k): v for k, v in adapter.states(scratch.admin).items()}

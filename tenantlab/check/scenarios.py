@@ -11,6 +11,7 @@ same lease, 2 s).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -114,8 +115,11 @@ def pgbouncer(ctx: Any) -> None:
 def wake(ctx: Any) -> None:
     warm = ctx.enqueue("ok")
     ctx.wait(5, until=lambda: ctx.states.get(warm.id) == "done")
+    spacing = random.Random(29)
     for _ in range(5):
-        ctx.wait(0.7)  # idle: the worker is waiting, not working
+        # Idle: the worker is waiting, not working. Jittered, so the probes do not lock in
+        # phase with a row's poll period.
+        ctx.wait(spacing.uniform(0.4, 1.6))
         probe = ctx.enqueue("ok", probe=True)
         ctx.wait(2, until=lambda probe=probe: _first_run(ctx, probe.id) is not None)
 
@@ -152,8 +156,8 @@ SCENARIOS: dict[str, Scenario] = {s.id: s for s in [
     Scenario("pgbouncer", "every job through PgBouncer in transaction mode: all done, none "
              "twice at once, no worker exits", 15, pgbouncer, checks.check_pgbouncer, workers=2,
              pooler=True),
-    Scenario("wake", "measured: from an idle enqueue to the body's start", 15, wake,
-             checks.check_wake),
+    Scenario("wake", "measured: from an idle enqueue's insert on the server's clock to the "
+             "body's start; jittered spacing", 15, wake, checks.check_wake),
     Scenario("throughput", "measured: 100 short jobs queued, then two workers: jobs per second "
              "from the first start to the last end", 30, throughput, checks.check_throughput,
              workers=2, queue_first=True),

@@ -52,6 +52,9 @@ class KitRow:
     def states(self, dsn: str) -> dict[str, State]:
         return states(dsn)
 
+    def created(self, dsn: str) -> dict[str, float]:
+        return created(dsn)
+
 
 def install(dsn: str) -> None:
     """Nothing to do: the template's clone already holds the queue's tables."""
@@ -67,6 +70,14 @@ def states(dsn: str) -> dict[str, State]:
     with db.connect(dsn, "suite states", autocommit=True) as conn:
         rows = conn.execute("select id::text, status from jobqueue.jobs").fetchall()
     return {job: STATES.get(status, "queued") for job, status in rows}
+
+
+def created(dsn: str) -> dict[str, float]:
+    """Each job's insert on the server's clock (``created`` is ``clock_timestamp()``)."""
+    with db.connect(dsn, "suite created", autocommit=True) as conn:
+        rows = conn.execute("select id::text, extract(epoch from created)::float8"
+                            " from jobqueue.jobs").fetchall()
+    return {job: float(t) for job, t in rows}
 
 
 def python(module: str, dsn: str, history: str, *args: str) -> list[str]:

@@ -87,16 +87,33 @@ class Awa(Peer):
                                   if self.setting == "recommended" else {})
         with awa.Client(url(dsn, "suite awa enqueue"), max_connections=1) as client:
             job = client.insert(Body(kind, tenant, payload), kind=KIND, queue=QUEUE, **budget)
+        _INSERTED.setdefault(dsn, set()).add(str(job.id))
+        _CREATED.setdefault(dsn, {})[str(job.id)] = _epoch(job.created_at)
         return str(job.id)
 
     def states(self, dsn: str) -> dict[str, State]:
-        """Every job's state, through its client's ``list_jobs``."""
+        """Every job's state, through its client: ``list_jobs`` for the jobs it still holds;
+        on its queue storage a completed job leaves them (``get_job`` says "job not found"), so
+        a job the suite inserted that is no longer listed is done when ``queue_stats`` counts at
+        least that many completions in the last hour (each trial's database is new), else
+        ``missing``."""
         import awa
 
         with awa.Client(url(dsn, "suite awa states"), max_connections=1) as client:
             jobs = client.list_jobs(queue=QUEUE, limit=10_000)
-        return {str(j.id): STATES.get(str(getattr(j.state, "name", j.state)).lower().split(".")[-1],
-                                      "running") for j in jobs}
+            stats = [q for q in client.queue_stats() if q.queue == QUEUE]
+        out: dict[str, State] = {
+            str(j.id): STATES.get(str(getattr(j.state, "name", j.state)).lower().split(".")[-1],
+                                  "running") for j in jobs}
+        gone = _INSERTED.get(dsn, set()) - set(out)
+        completed = sum(q.completed_last_hour for q in stats)
+        if gone and completed >= len(gone):
+            out.update({job: "done" for job in gone})
+        return out
+
+    def created(self, dsn: str) -> dict[str, float]:
+        """Each job's insert on the server's clock: the ``created_at`` its insert returned."""
+        return dict(_CREATED.get(dsn, {}))
 
     def policy(self, options: Options) -> Policy:
         """max_attempts executions; a failure retried after 2^attempt s (+ up to 25 %, capped at
@@ -114,6 +131,15 @@ class Awa(Peer):
 
 
 DEFAULT_ATTEMPTS = 25
+#: The ids the suite inserted, by database (a completed job leaves awa's listings).
+_INSERTED: dict[str, set[str]] = {}
+_CREATED: dict[str, dict[str, float]] = {}
+
+
+def _epoch(stamp: Any) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(str(stamp)).timestamp()
 #: Its runtime's defaults (ms), and the configuration guide's 5-second detection target.
 DEFAULTS = {"heartbeat_interval_ms": 30_000, "heartbeat_staleness_ms": 90_000,
             "heartbeat_rescue_interval_ms": 30_000}

@@ -80,6 +80,18 @@ class PgQueuerQueue(Peer):
         out.update({str(i): QUEUED.get(s, "running") for i, s in live})
         return out
 
+    def created(self, dsn: str) -> dict[str, float]:
+        """Each job's enqueue on the server's clock (its ``queued`` log row, written by the
+        enqueue statement itself)."""
+        import psycopg
+
+        from ._peers import tagged
+
+        with psycopg.connect(tagged(dsn, "suite pgqueuer created")) as conn:
+            rows = conn.execute("select job_id, extract(epoch from created)::float8"
+                                " from pgqueuer_log where status = 'queued'").fetchall()
+        return {str(i): float(t) for i, t in rows}
+
 
 class _connection:
     """An asyncpg connection wrapped in PgQueuer's Queries (closed on exit)."""
@@ -168,7 +180,8 @@ def _policy(setting: str, options: Options) -> Policy:
         basis = (f"no retry; re-picks after heartbeat_timeout {heartbeat:g} s (seen within "
                  f"dequeue_timeout {dequeue:g} s) are not counted")
     return Policy(budget=budget, timeout=heartbeat, poison_final=final, crash_final=None,
-                  poll=dequeue, basis=basis)
+                  poll=dequeue, basis=basis,
+                  concurrency=f"batch {BATCH}, no limit on concurrent jobs (its defaults)")
 
 
 RECOMMENDED_QUOTES = {

@@ -70,6 +70,15 @@ class Procrastinate(Peer):
             rows = conn.execute("select id, status::text from procrastinate_jobs").fetchall()
         return {str(i): STATES.get(s, "running") for i, s in rows}
 
+    def created(self, dsn: str) -> dict[str, float]:
+        """Each job's deferral on the server's clock (its ``deferred`` event)."""
+        import psycopg
+
+        with psycopg.connect(tagged(dsn, "suite procrastinate created")) as conn:
+            rows = conn.execute("select job_id, extract(epoch from at)::float8"
+                                " from procrastinate_events where type = 'deferred'").fetchall()
+        return {str(i): float(t) for i, t in rows}
+
 
 def _app(dsn: str, role: str) -> Any:
     import procrastinate
