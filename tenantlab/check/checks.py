@@ -415,15 +415,38 @@ def check_late_finish(trial: Trial) -> Result:
 def _under_fault(trial: Trial, what: str) -> Result:
     """Jobs queued around a fault, as two facts: no job lost or run twice under the library's
     documented supervision (the suite restarts a worker that exits, as ``restart_on_failure``
-    or systemd would), and whether the worker process survived the fault by itself."""
-    witness = not_terminal(trial) + overlaps(trial)
+    or systemd would), and whether the worker process survived the fault by itself. A job the
+    fault interrupted that the row's own timeout runs again only after the cap is ``capped``
+    (the witness says when), not lost."""
     execs = by_job(trial.executions)
+    timeout = trial.policy.timeout
+    late, lost = [], []
+    for job in [j.id for j in trial.jobs]:
+        if trial.states.get(job, "missing") in TERMINAL:
+            continue
+        runs = execs.get(job, [])
+        cut = [e for e in runs if e.outcome != "ok"]
+        if cut and timeout is not None and cut[-1].start + timeout + 2.0 > trial.end:
+            late.append(job)
+        else:
+            lost.append(job)
+    witness = not_terminal(trial, lost) + overlaps(trial)
     again = [job for job, runs in execs.items() if sum(e.outcome == "ok" for e in runs) > 1]
-    r = _verdict(witness, {"jobs": len(trial.jobs),
-                           "done": sum(1 for s in trial.states.values() if s == "done"),
-                           "ran_again": len(again), "workers_exited": len(trial.exits),
-                           "worker_survives": not trial.exits, "no_job_lost": not witness,
-                           **trial.notes})
+    measured = {"jobs": len(trial.jobs),
+                "done": sum(1 for s in trial.states.values() if s == "done"),
+                "ran_again": len(again), "workers_exited": len(trial.exits),
+                "worker_survives": not trial.exits, "no_job_lost": not witness,
+                **trial.notes}
+    if witness:
+        r = Result("fail", witness, measured)
+    elif late:
+        measured["final_by_settings_s"] = timeout
+        r = Result("capped", [f"{len(late)} job(s) interrupted by the {what} ({', '.join(late)}) "
+                              f"run again only once its timeout of {human(timeout or 0)} has "
+                              f"passed, past the cap of {human(trial.end - trial.t0)}: not "
+                              f"observed"], measured)
+    else:
+        r = Result("pass", [], measured)
     if trial.exits:
         # Not a failure under supervision, but a fact the cell shows.
         r.witness += [f"(supervised) {w}" for w in exited(trial)]

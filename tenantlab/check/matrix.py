@@ -30,9 +30,9 @@ from typing import Any
 
 from .. import db
 from . import runner
-from .adapter import Adapter, Options, rows
+from .adapter import Adapter, Options, policy_of, rows
 from .checks import Result, human
-from .scenarios import MEASURED, SCENARIOS, Scenario
+from .scenarios import FREEZE, MEASURED, SCENARIOS, Scenario
 
 Progress = Callable[[str], None]
 
@@ -59,10 +59,29 @@ def applies(adapter: Adapter, scenario: Scenario) -> str | None:
     return None
 
 
+def untestable(adapter: Adapter, scenario: Scenario, options: Options) -> str | None:
+    """Why a scenario cannot test anything on this row by the row's own settings (n/a, not
+    run): an overrun job shorter than its timeout; a takeover its timeout puts past the time
+    the late-finish scenario keeps a worker frozen."""
+    timeout = policy_of(adapter, options).timeout
+    job = 2.5 * options.lease
+    if scenario.id in ("overrun", "block-loop") and (timeout is None or timeout >= job):
+        why = "it never takes a running job over" if timeout is None else \
+            f"its timeout is {human(timeout)}"
+        return f"nothing to overrun: the job runs {human(job)} and {why} (not run)"
+    if scenario.id == "late-finish" and (timeout is None or timeout + 6 > FREEZE):
+        why = "it never takes a running job over" if timeout is None else \
+            f"its timeout, {human(timeout)}, is past the {FREEZE:g} s a worker is kept frozen"
+        return f"no takeover: {why} (not run)"
+    return None
+
+
 def cell(adapter: Adapter, scenario: Scenario, runs: int, options: Options | None = None,
          template: str | None = None) -> dict[str, Any]:
     """Run one scenario ``runs`` times on one row; return its JSON cell."""
     if (why := applies(adapter, scenario)) is not None:
+        return _na(why)
+    if (why := untestable(adapter, scenario, options or Options())) is not None:
         return _na(why)
     results: list[Result] = []
     seconds = []

@@ -418,6 +418,24 @@ def _looping(ctx: Context) -> bool:
     return any(len(counts.get(j.id, [])) > limit for j in trial.jobs if j.kind == trial.scenario)
 
 
+def _nothing_before_the_cap(ctx: Context) -> bool:
+    """A crash job whose every execution has died, the jobs beside it final, and the row's own
+    timeout putting its next run past the cap: by its settings nothing more happens in this
+    trial (the verdict is read now; the witness says when its settings would act)."""
+    trial = ctx.trial
+    if trial.scenario != "crash":
+        return False
+    crash = {j.id for j in trial.jobs if j.kind == "crash"}
+    if any(ctx.states.get(j.id) not in TERMINAL for j in trial.jobs if j.id not in crash):
+        return False
+    runs = [e for e in ctx.executions() if e.job in crash]
+    alive = set(ctx.workers.pids())
+    if not runs or any(e.end is None and e.pid in alive for e in runs):
+        return False
+    timeout = trial.policy.timeout
+    return timeout is None or max(e.start for e in runs) + timeout > trial.t0 + trial.bound
+
+
 def _settle(ctx: Context) -> None:
     """Wait until every job is final and no body is still running, or the bound has passed (or
     a safety job is already looping past its budget)."""
@@ -426,7 +444,7 @@ def _settle(ctx: Context) -> None:
         return
 
     def quiet() -> bool:
-        if _looping(ctx):
+        if _looping(ctx) or _nothing_before_the_cap(ctx):
             return True
         if not ctx.terminal():
             return False

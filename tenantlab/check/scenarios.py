@@ -21,6 +21,8 @@ from .checks import Result, Trial
 
 #: Scenarios whose cell is a number, not a verdict.
 MEASURED = ("wake", "throughput")
+#: The longest the late-finish scenario keeps a worker frozen waiting for a takeover.
+FREEZE = 16.0
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,11 @@ def late_finish(ctx: Any) -> None:
     ctx.wait(0.5)
     ctx.freeze(first.pid)
     frozen = ctx.trial.faults[-1].t
-    # Frozen until another worker has taken the job over (or for twice the row's own timeout
-    # and 6 s, at most 24 s): its body's deadline passes meanwhile, so once thawed it finishes
-    # while the new owner still runs. No takeover in that time: the checker says n/a.
+    # Frozen until another worker has taken the job over (or for the row's own timeout and 6 s
+    # to notice, at most FREEZE s): its body's deadline passes meanwhile, so once thawed it
+    # finishes while the new owner still runs. No takeover in that time: the checker says n/a.
     timeout = ctx.trial.policy.timeout or lease
-    ctx.wait(min(2 * timeout + 6, 24),
+    ctx.wait(min(timeout + 6, FREEZE),
              until=lambda: sum(e.job == job.id for e in ctx.executions()) > 1)
     ctx.thaw(first.pid)
     ctx.trial.notes["frozen_s"] = round(ctx.trial.faults[-1].t - frozen, 1)
@@ -132,10 +134,10 @@ def throughput(ctx: Any) -> None:
 
 SCENARIOS: dict[str, Scenario] = {s.id: s for s in [
     Scenario("poison", "a job that fails every attempt runs at most its budget and is final "
-             "when its retry schedule says, and the job behind it runs", 20, poison,
+             "when its retry schedule says, and the job behind it runs", 15, poison,
              checks.check_poison),
     Scenario("crash", "a job that kills its worker every attempt runs at most its budget and is "
-             "final when its settings say (the suite restarts killed workers)", 36, crash,
+             "final when its settings say (the suite restarts killed workers)", 25, crash,
              checks.check_crash, restart=True),
     Scenario("overrun", "a job longer than the row's timeout, its blocking work in a thread as "
              "the docs say, never runs twice", 20, overrun, checks.check_overrun, workers=3),
