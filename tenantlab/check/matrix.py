@@ -29,12 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import db
-from . import runner
+from . import repro, runner
 from .adapter import Adapter, Options, policy_of, rows
 from .checks import Result, human
 from .scenarios import FREEZE, MEASURED, SCENARIOS, Scenario
 
 Progress = Callable[[str], None]
+KIT = ("naive", "jobqueue")  # the kit's own rows: their ✗ are the lesson, not a peer's claim
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _na(reason: str) -> dict[str, Any]:
@@ -305,9 +307,20 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"  - {k} = {v} ([source]({url}): \"{quote}\")")
     found = witnesses(result)
     if found:
-        lines += ["", "Witnesses:", ""]
-        for label, s, sentences in found:
-            lines += [f"- {label}, `{s}`: {w}" for w in sentences]
+        lines += ["", "Witnesses (each ✗ of a peer links to a standalone script that reproduces "
+                  "it with that library and its driver only):", ""]
+        for r in result["rows"]:
+            label = f"{r['queue']} {star(r['setting'])}"
+            for sc, c in r["scenarios"].items():
+                if c["result"] not in ("fail", "indeterminate", "capped"):
+                    continue
+                link = ""
+                if c["result"] == "fail" and r["queue"] not in KIT:
+                    script = repro.script(r["queue"], r["setting"], sc)
+                    link = (f" ([script]({script.relative_to(ROOT).as_posix()}))" if script
+                            else " (no standalone script yet)")
+                lines += [f"- {label}, `{sc}`: {w}" + (link if i == 0 else "")
+                          for i, w in enumerate(c["witness"])]
     return "\n".join(lines)
 
 
