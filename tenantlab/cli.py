@@ -211,9 +211,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         queue, scenario = args.repro
         script = repro.script(queue, args.setting, scenario)
         if script is None:
-            known = ", ".join(f"{q} {s} ({st})" for q, st, s in repro.SCRIPTS)
+            scripts = ", ".join(f"{q} {s} ({st})" for q, st, s in repro.SCRIPTS)
             print(f"tenantlab check: no script for {queue} {scenario} ({args.setting}); there "
-                  f"are: {known}", file=sys.stderr)
+                  f"are: {scripts}", file=sys.stderr)
             return 2
         print(script.read_text(), end="")
         return 0
