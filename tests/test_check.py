@@ -189,6 +189,17 @@ def test_late_finish_without_a_takeover_is_na_not_a_pass() -> None:
                         "measured": r.measured}, "late-finish") == "n/a (no takeover)"
 
 
+def test_a_job_cut_off_by_a_fault_that_its_timeout_reruns_past_the_cap_is_capped() -> None:
+    # jobqueue ★: the finish was lost with the terminated session; its 30 s lease reruns it.
+    t = trial("terminate", [("1", "sleep")], [ex("1", "sleep", 9, 0.8, 1.4)], {"1": "running"},
+              end=T0 + 15, faults=[Fault(T0 + 1, "terminate", 555)],
+              policy=Policy(budget=3, timeout=30.0))
+    r = checks.check_terminate(t)
+    assert r.result == "capped" and "timeout of 30.0 s" in r.witness[0]
+    t.policy = Policy(budget=1, timeout=None)  # nothing ever reruns it: lost
+    assert checks.check_terminate(t).result == "fail"
+
+
 def test_restart_and_terminate_state_two_facts() -> None:
     # The worker exited (a fact), the suite restarted it, no job was lost (the verdict).
     t = trial("terminate", [("1", "ok")], [ex("1", "ok", 9, 0, 0.1)], {"1": "done"},
@@ -214,7 +225,12 @@ def test_tenant_leak_and_worker_exits() -> None:
 def test_wake_and_throughput_are_measured() -> None:
     t = trial("wake", [], [ex("1", "ok", 9, 0.012, 0.02)], {"1": "done"})
     t.jobs = [Job("1", "ok", 1, {"probe": True}, T0)]
-    assert checks.check_wake(t).measured["median_ms"] == 12.0
+    t.policy = Policy(budget=3, poll=0.5)
+    w = checks.check_wake(t)
+    assert w.measured["median_ms"] == 12.0 and w.measured["poll_s"] == 0.5
+    t.notes["created"] = {"1": T0 - 0.003}  # the insert, on the server's clock, came first
+    assert checks.check_wake(t).measured["median_ms"] == 15.0
+    assert checks.check_wake(t).measured["from"] == "the insert's server timestamp"
     t = trial("throughput", [("1", "ok"), ("2", "ok")],
               [ex("1", "ok", 9, 0, 0.5), ex("2", "ok", 9, 0.5, 1.0)], {"1": "done", "2": "done"})
     assert checks.check_throughput(t).measured["jobs_per_s"] == 2.0

@@ -425,8 +425,9 @@ def _under_fault(trial: Trial, what: str) -> Result:
         if trial.states.get(job, "missing") in TERMINAL:
             continue
         runs = execs.get(job, [])
-        cut = [e for e in runs if e.outcome != "ok"]
-        if cut and timeout is not None and cut[-1].start + timeout + 2.0 > trial.end:
+        # Started, then cut off (its body killed, or its finish lost with its session): the
+        # row's timeout runs it again, maybe only past the cap.
+        if runs and timeout is not None and runs[-1].start + timeout + 2.0 > trial.end:
             late.append(job)
         else:
             lost.append(job)

@@ -228,7 +228,8 @@ def mark(c: dict[str, Any], scenario: str, default_failed: bool = False) -> str:
         if isinstance(value, list):
             value = f"{value[0]:g}-{value[1]:g}"
         if scenario == "wake":
-            return f"{value} ms"
+            poll = m.get("poll_s")
+            return f"{value} ms" + (f" (poll {poll:g} s)" if isinstance(poll, int | float) else "")
         c = m.get("concurrency")
         return f"{value}/s" + (f" ({c})" if c and not str(c).startswith("1 job") else "")
     text = "~" if default_failed else "✓"
