@@ -23,7 +23,10 @@ SCRIPTS: dict[tuple[str, str, str], str] = {
     ("procrastinate", "default", "crash"): "procrastinate_crash.py",
     ("procrastinate", "scaled", "crash"): "procrastinate_crash.py",
     ("procrastinate", "recommended", "crash"): "procrastinate_recipe_crash.py",
+    ("procrastinate", "*", "late-finish"): "procrastinate_late_finish.py",
     ("pgqueuer", "*", "crash"): "pgqueuer_crash.py",
+    ("pgqueuer", "*", "late-finish"): "pgqueuer_late_finish.py",
+    ("pgqueuer", "*", "block-loop"): "pgqueuer_block_loop.py",
     ("awa", "*", "crash"): "awa_crash.py",
 }
 
