@@ -81,10 +81,10 @@ def main() -> int:
         for p in procs:
             p.kill()
             p.wait()
-    runs = [x.split() for x in open(log).read().splitlines()] if os.path.exists(log) else []
-    print(*(" ".join(r) for r in runs), sep="\n")
-    starts = [(int(r[1]), float(r[2])) for r in runs if r[0] == "start"]
-    ends = {int(r[1]): float(r[2]) for r in runs if r[0] == "end"}
+    seen = [x.split() for x in open(log).read().splitlines()] if os.path.exists(log) else []
+    print(*(" ".join(r) for r in seen), sep="\n")
+    starts = [(int(r[1]), float(r[2])) for r in seen if r[0] == "start"]
+    ends = {int(r[1]): float(r[2]) for r in seen if r[0] == "end"}
     overlap = len(starts) > 1 and starts[1][1] < ends.get(starts[0][0], float("inf"))
     print(f"job {job}: {len(starts)} executions" + (", the second started while the first ran"
                                                     if overlap else ""))

@@ -53,8 +53,9 @@ def lines(log: str) -> list[str]:
 
 def status(job: int) -> str:
     with psycopg.connect(URL) as conn:
-        return conn.execute("select status::text from procrastinate_jobs where id = %s",
-                            (job,)).fetchone()[0]
+        row = conn.execute("select status::text from procrastinate_jobs where id = %s",
+                           (job,)).fetchone()
+    return row[0] if row else "missing"
 
 
 def main() -> int:
