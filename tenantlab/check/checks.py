@@ -425,9 +425,15 @@ def _under_fault(trial: Trial, what: str) -> Result:
         if trial.states.get(job, "missing") in TERMINAL:
             continue
         runs = execs.get(job, [])
-        # Started, then cut off (its body killed, or its finish lost with its session): the
-        # row's timeout runs it again, maybe only past the cap.
-        if runs and timeout is not None and runs[-1].start + timeout + 2.0 > trial.end:
+        # Started, then cut off (its body killed, or its finish lost with its session), or
+        # claimed by a worker that then died (a batch fetched, not yet started): the row's
+        # timeout runs it again, maybe only past the cap.
+        fault = min((f.t for f in trial.faults if f.action in ("restart", "terminate")),
+                    default=trial.t0)
+        claimed = trial.states.get(job) == "running" and not runs
+        if timeout is not None and (
+                (claimed and fault + timeout + 2.0 > trial.end)
+                or (runs and runs[-1].start + timeout + 2.0 > trial.end)):
             late.append(job)
         else:
             lost.append(job)
