@@ -181,7 +181,7 @@ def _policy(setting: str, options: Options) -> Policy:
                  f"dequeue_timeout {dequeue:g} s) are not counted")
     return Policy(budget=budget, timeout=heartbeat, poison_final=final, crash_final=None,
                   poll=dequeue, basis=basis,
-                  concurrency=f"batch {BATCH}, no limit on concurrent jobs (its defaults)")
+                  concurrency=f"batch {BATCH}, no limit")
 
 
 RECOMMENDED_QUOTES = {
