@@ -92,23 +92,28 @@ class Awa(Peer):
         return str(job.id)
 
     def states(self, dsn: str) -> dict[str, State]:
-        """Every job's state, through its client: ``list_jobs`` for the jobs it still holds;
-        on its queue storage a completed job leaves them (``get_job`` says "job not found"), so
-        a job the suite inserted that is no longer listed is done when ``queue_stats`` counts at
-        least that many completions in the last hour (each trial's database is new), else
-        ``missing``."""
+        """Every job's state, through its client's ``get_job``, for each job the suite
+        inserted. On its queue storage a completed job leaves nothing the API reads
+        (``get_job`` raises "job not found"; ``list_jobs`` lists neither running nor completed
+        jobs): a job it inserted that ``get_job`` no longer finds is done. Final states are
+        kept, so a look asks only about the others."""
         import awa
 
+        known = _FINAL.setdefault(dsn, {})
+        out: dict[str, State] = dict(known)
         with awa.Client(url(dsn, "suite awa states"), max_connections=1) as client:
-            jobs = client.list_jobs(queue=QUEUE, limit=10_000)
-            stats = [q for q in client.queue_stats() if q.queue == QUEUE]
-        out: dict[str, State] = {
-            str(j.id): STATES.get(str(getattr(j.state, "name", j.state)).lower().split(".")[-1],
-                                  "running") for j in jobs}
-        gone = _INSERTED.get(dsn, set()) - set(out)
-        completed = sum(q.completed_last_hour for q in stats)
-        if gone and completed >= len(gone):
-            out.update({job: "done" for job in gone})
+            for job in sorted(_INSERTED.get(dsn, set()) - set(known)):
+                try:
+                    state = client.get_job(int(job)).state
+                except awa.AwaError as e:
+                    if "not found" not in str(e):
+                        raise
+                    out[job] = known[job] = "done"
+                    continue
+                name = str(getattr(state, "name", state)).lower().split(".")[-1]
+                out[job] = STATES.get(name, "running")
+                if out[job] in ("done", "failed", "dead"):
+                    known[job] = out[job]
         return out
 
     def created(self, dsn: str) -> dict[str, float]:
@@ -134,6 +139,7 @@ DEFAULT_ATTEMPTS = 25
 #: The ids the suite inserted, by database (a completed job leaves awa's listings).
 _INSERTED: dict[str, set[str]] = {}
 _CREATED: dict[str, dict[str, float]] = {}
+_FINAL: dict[str, dict[str, State]] = {}
 
 
 def _epoch(stamp: Any) -> float:
