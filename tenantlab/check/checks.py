@@ -255,7 +255,7 @@ def finality(trial: Trial, job: Job, final_by: float | None) -> tuple[Verdict, l
         return "fail", [f"never final by its settings{basis}: "
                         f"{loop(trial, job.id, runs) if runs else f'job {job.id} never ran'}; "
                         f"the table still said {state} at {trial.at(trial.end)}"], measured
-    if seen >= final_by + max(2.0, 0.25 * final_by):
+    if seen >= final_by + max(2.0, 0.15 * final_by):
         return "fail", [f"its settings make job {job.id} ({job.kind}) final by "
                         f"{human(final_by)} after its first start{basis}, but the table still "
                         f"said {state} {human(seen)} after it "

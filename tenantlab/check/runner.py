@@ -200,7 +200,7 @@ class Context:
         self.workers.poll()
         try:
             self.states = {str(k): v for k, v in self.adapter.states(self.dsn).items()}
-        except (psycopg.Error, OSError) as e:  # a restarting or terminated server: look later
+        except Exception as e:  # a restarting or terminated server (any driver's error): later
             log.debug("states not read: %s", e)
             return
         self.trial.snapshots.append((time.time(), dict(self.states)))
@@ -398,12 +398,12 @@ def run(adapter: Adapter, scenario: Any, *, options: Options | None = None,
 
 def bound(scenario: Any, policy: Policy) -> float:
     """The seconds a trial is watched: the scenario's cap, or less when the row's own settings
-    make its job final sooner (then that time with a margin: a quarter, and 5 s for workers to
+    make its job final sooner (then that time with a margin: 15 %, and 5 s for workers to
     start and polls to come round)."""
     final = {"poison": policy.poison_final, "crash": policy.crash_final}.get(scenario.id)
     if final is None:
         return float(scenario.bound)
-    return min(float(scenario.bound), 1.25 * final + 5.0)
+    return min(float(scenario.bound), 1.15 * final + 5.0)
 
 
 def _looping(ctx: Context) -> bool:

@@ -137,7 +137,7 @@ SCENARIOS: dict[str, Scenario] = {s.id: s for s in [
              "when its retry schedule says, and the job behind it runs", 15, poison,
              checks.check_poison),
     Scenario("crash", "a job that kills its worker every attempt runs at most its budget and is "
-             "final when its settings say (the suite restarts killed workers)", 40, crash,
+             "final when its settings say (the suite restarts killed workers)", 30, crash,
              checks.check_crash, restart=True),
     Scenario("overrun", "a job longer than the row's timeout, its blocking work in a thread as "
              "the docs say, never runs twice", 20, overrun, checks.check_overrun, workers=3),
