@@ -195,9 +195,15 @@ def test_a_job_cut_off_by_a_fault_that_its_timeout_reruns_past_the_cap_is_capped
               end=T0 + 15, faults=[Fault(T0 + 1, "terminate", 555)],
               policy=Policy(budget=3, timeout=30.0))
     r = checks.check_terminate(t)
-    assert r.result == "capped" and "timeout of 30.0 s" in r.witness[0]
+    assert r.result == "capped" and "its timeout (30.0 s)" in r.witness[0]
     t.policy = Policy(budget=1, timeout=None)  # nothing ever reruns it: lost
     assert checks.check_terminate(t).result == "fail"
+    # PgQueuer ★ behind PgBouncer: its LISTEN is lost, its docs' fallback is a poll every 30 s.
+    t = trial("pgbouncer", [("12", "sleep")], [], {"12": "queued"}, end=T0 + 15,
+              policy=Policy(budget=1, timeout=30.0, poll=30.0))
+    assert checks.check_pgbouncer(t).result == "capped"
+    t.policy = Policy(budget=1, timeout=2.0, poll=2.0)  # it polls every 2 s: lost
+    assert checks.check_pgbouncer(t).result == "fail"
 
 
 def test_restart_and_terminate_state_two_facts() -> None:
