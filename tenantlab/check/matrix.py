@@ -297,6 +297,10 @@ def markdown(result: dict[str, Any]) -> str:
                  *[m.get(c, "") for c in cols]]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     lines += ["", LEGEND, ""]
+    for again in result.get("reruns", []):
+        lines += [f"Run again on {again['date']} ({again['seconds']} s): "
+                  f"{', '.join(f'`{x}`' for x in again['scenarios'])} of "
+                  f"{', '.join(again['queues'])}, because {again['why']}.", ""]
     if (pb := result.get("pgbouncer")) is not None:
         lines += [f"PgBouncer {pb.get('version')}: pool_mode {pb.get('pool_mode')}, "
                   f"default_pool_size {pb.get('default_pool_size')}, max_prepared_statements "
