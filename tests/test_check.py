@@ -74,7 +74,7 @@ def test_final_only_past_the_cap_is_capped_with_the_time_its_settings_give() -> 
               policy=Policy(budget=25, poison_final=9.7 * 86400))
     r = checks.check_poison(t)
     assert r.result == "capped", r
-    assert "bounded so far (2 of 25 executions)" in r.witness[0] and "9.7 d" in r.witness[0]
+    assert "bounded so far (2 of 25 executions in the" in r.witness[0] and "9.7 d" in r.witness[0]
     cell = {"result": "capped", "runs": 1, "failed_runs": 0, "witness": r.witness,
             "measured": r.measured}
     assert matrix.mark(cell, "poison") == "◷ 9.7 d"

@@ -260,10 +260,12 @@ def finality(trial: Trial, job: Job, final_by: float | None) -> tuple[Verdict, l
                         f"{human(final_by)} after its first start{basis}, but the table still "
                         f"said {state} {human(seen)} after it "
                         f"({loop(trial, job.id, runs) if runs else 'it never ran'})"], measured
+    cap = f"the {human(trial.cap)} cap" if trial.cap else "the cap"
     return "capped", [f"bounded so far ({len(runs)} of "
-                      f"{budget if budget is not None else 'no budget'} executions); its settings "
-                      f"make job {job.id} ({job.kind}) final about {human(final_by)} after its "
-                      f"first start{basis}, past the cap of {human(seen)}: not observed"], measured
+                      f"{budget if budget is not None else 'no budget'} executions in the "
+                      f"{human(seen)} watched); its settings make job {job.id} ({job.kind}) final "
+                      f"about {human(final_by)} after its first start{basis}, past {cap}: not "
+                      f"observed"], measured
 
 
 def _combine(verdicts: list[Verdict]) -> Verdict:
