@@ -36,7 +36,7 @@ def test_each_standalone_script_reproduces_its_failure(admin_dsn: str) -> None:
         procs = [subprocess.Popen([sys.executable, str(s), url(d.admin)], cwd="/", env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for s, d in zip(scripts, dbs, strict=True)]
-        outs = [p.communicate(timeout=120)[0] for p in procs]
+        outs = [p.communicate(timeout=150)[0] for p in procs]
         names = [d.name for d in dbs]
         deadline = time.monotonic() + 5
         while _sessions(admin_dsn, names) and time.monotonic() < deadline:

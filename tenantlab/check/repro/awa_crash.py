@@ -68,7 +68,7 @@ def main() -> int:
     job_id = asyncio.run(setup(log))
     procs: list[subprocess.Popen] = []
     try:
-        end = time.monotonic() + 45
+        end = time.monotonic() + 60
         while time.monotonic() < end:
             procs = [p for p in procs if p.poll() is None]
             if not procs:  # the supervisor: restart a worker that died

@@ -70,7 +70,7 @@ def main() -> int:
     procs = [subprocess.Popen([sys.executable, __file__, URL, log], stderr=subprocess.DEVNULL)
              for _ in range(2)]
     try:
-        end = time.monotonic() + 20
+        end = time.monotonic() + 60
         while time.monotonic() < end:
             runs = open(log).read().splitlines() if os.path.exists(log) else []
             if sum(x.startswith("end") for x in runs) >= 1 and len(runs) >= 3:

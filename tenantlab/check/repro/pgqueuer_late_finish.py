@@ -85,7 +85,7 @@ def main() -> int:
                                                  stderr=subprocess.DEVNULL) for _ in range(2))}
     verdict = 1
     try:
-        end = time.monotonic() + 20
+        end = time.monotonic() + 60
         while not lines(log) and time.monotonic() < end:
             time.sleep(0.1)
         first = int(lines(log)[0].split()[1])

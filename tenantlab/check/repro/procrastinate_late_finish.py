@@ -74,7 +74,7 @@ def main() -> int:
              for role in ("worker", "worker", "sweep")]
     verdict = 1
     try:
-        end = time.monotonic() + 30
+        end = time.monotonic() + 60
         while not lines(log) and time.monotonic() < end:
             time.sleep(0.1)
         first = int(lines(log)[0].split()[1])
