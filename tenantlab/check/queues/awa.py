@@ -95,22 +95,14 @@ class Awa(Peer):
         """Every job's state, through its client's ``get_job``, for each job the suite
         inserted. On its queue storage a completed job leaves nothing the API reads
         (``get_job`` raises "job not found"; ``list_jobs`` lists neither running nor completed
-        jobs): a job it inserted that ``get_job`` no longer finds is done. ``list_jobs`` answers
-        for the jobs it lists in one call; final states are kept, so a look asks ``get_job``
-        only about the rest."""
+        jobs): a job it inserted that ``get_job`` no longer finds is done. Final states are
+        kept, so a look asks only about the others."""
         import awa
 
         known = _FINAL.setdefault(dsn, {})
         out: dict[str, State] = dict(known)
         with awa.Client(url(dsn, "suite awa states"), max_connections=1) as client:
-            # One call for the jobs it lists (waiting, retryable, failed), then get_job only for
-            # the others (running, or completed): the suite's reads stay light beside a worker.
-            for j in client.list_jobs(queue=QUEUE, limit=10_000):
-                name = str(getattr(j.state, "name", j.state)).lower().split(".")[-1]
-                out[str(j.id)] = STATES.get(name, "running")
-                if out[str(j.id)] in ("done", "failed", "dead"):
-                    known[str(j.id)] = out[str(j.id)]
-            for job in sorted(_INSERTED.get(dsn, set()) - set(out)):
+            for job in sorted(_INSERTED.get(dsn, set()) - set(known)):
                 try:
                     state = client.get_job(int(job)).state
                 except awa.AwaError as e:
