@@ -234,11 +234,27 @@ def add_check_command(sub: argparse._SubParsersAction) -> None:
                     help="write the matrix as JSON")
     ck.add_argument("--html", metavar="FILE", type=validate.output_file,
                     help="write the matrix as one offline HTML page")
+    ck.add_argument("--repro", nargs=2, metavar=("QUEUE", "SCENARIO"),
+                    help="print the standalone script (the library and its driver only) that "
+                         "reproduces a peer's failing cell, e.g. --repro pgqueuer crash")
+    ck.add_argument("--setting", default="default", choices=("default", "scaled", "recommended"),
+                    help="with --repro: the row (default: default, the ★ row)")
     ck.set_defaults(func=cmd_check)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .check import adapter, matrix
+    from .check import adapter, matrix, repro
+
+    if args.repro:
+        queue, scenario = args.repro
+        script = repro.script(queue, args.setting, scenario)
+        if script is None:
+            scripts = ", ".join(f"{q} {s} ({st})" for q, st, s in repro.SCRIPTS)
+            print(f"tenantlab check: no script for {queue} {scenario} ({args.setting}); there "
+                  f"are: {scripts}", file=sys.stderr)
+            return 2
+        print(script.read_text(), end="")
+        return 0
 
     if args.queue:
         known = {a.name for a in adapter.rows()}

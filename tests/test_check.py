@@ -14,7 +14,7 @@ import pytest
 
 from tenantlab import db
 from tenantlab.check import adapter, checks, matrix, runner
-from tenantlab.check.adapter import Options
+from tenantlab.check.adapter import Options, Policy
 from tenantlab.check.checks import Fault, Job, Trial
 from tenantlab.check.history import Execution
 from tenantlab.check.queues import jobqueue, naive
@@ -51,26 +51,72 @@ def test_poison_passes_when_the_job_is_final_and_the_one_behind_runs() -> None:
     assert checks.check_poison(t).result == "pass"
 
 
+def test_a_poison_job_final_by_its_own_retry_schedule_is_a_pass_with_its_time() -> None:
+    # procrastinate recommended: three attempts, the last one waits a 5 s poll: final at 11.5 s,
+    # as its settings say (budget 3, final by 12 s): a policy, not a failure.
+    runs = [ex("1", "poison", 7, t, t + 0.01, "error") for t in (0.0, 5.5, 11.4)]
+    t = trial("poison", [("1", "poison"), ("2", "ok")], runs + [ex("2", "ok", 7, 0.1, 0.2)],
+              {"1": "failed", "2": "done"}, end=T0 + 12,
+              snapshots=[(T0 + 11.5, {"1": "failed", "2": "done"})],
+              policy=Policy(budget=3, poison_final=12.0))
+    r = checks.check_poison(t)
+    assert r.result == "pass" and r.measured["poison_final_s"] == 11.5
+    assert r.measured["poison_bounded"] is True and r.measured["poison_budget"] == 3
+    assert matrix.mark({"result": "pass", "runs": 1, "failed_runs": 0, "witness": [],
+                        "measured": r.measured}, "poison") == "✓ 11.5 s"
+
+
+def test_final_only_past_the_cap_is_capped_with_the_time_its_settings_give() -> None:
+    # awa ★: 25 attempts on a 2^n s schedule capped at a day: final after ~9.7 days.
+    runs = [ex("1", "poison", 7, 0, 0.01, "error"), ex("1", "poison", 7, 2.3, 2.31, "error")]
+    t = trial("poison", [("1", "poison"), ("2", "ok")], runs + [ex("2", "ok", 7, 0.1, 0.2)],
+              {"1": "queued", "2": "done"}, end=T0 + 20,
+              policy=Policy(budget=25, poison_final=9.7 * 86400))
+    r = checks.check_poison(t)
+    assert r.result == "capped", r
+    assert "bounded so far (2 of 25 executions in the" in r.witness[0] and "9.7 d" in r.witness[0]
+    cell = {"result": "capped", "runs": 1, "failed_runs": 0, "witness": r.witness,
+            "measured": r.measured}
+    assert matrix.mark(cell, "poison") == "◷ 9.7 d"
+
+
 def test_poison_loop_fails_with_a_witness_naming_job_count_and_pid() -> None:
+    # An unbounded loop is a failure however fast it runs.
     runs = [ex("1", "poison", 4411, i / 100, i / 100 + 0.005, "error") for i in range(900)]
     r = checks.check_poison(trial("poison", [("1", "poison"), ("2", "ok")], runs,
                                   {"1": "queued", "2": "queued"}))
     assert r.result == "fail"
-    assert "job 1 (poison) ran 900 times in 9.0 s (pid 4411)" in r.witness[0]
-    assert "bound of 10 s" in r.witness[0]
+    assert r.witness[0].startswith("unbounded: job 1 (poison) ran 900 times in 9.0 s, every "
+                                   "~0.01 s (pid 4411; error), past its budget of 3")
     assert r.witness[1].startswith("job 2 (ok) never ran")
+
+
+def test_never_final_by_its_settings_fails_and_describes_the_loop() -> None:
+    # PgQueuer ★: a crashed job re-picked every ~31 s by an idle worker's dequeue, its attempt
+    # never counted; no budget of retries decides anything: never final by its settings.
+    runs = [ex("1", "crash", 100 + i, 31.0 * i, None, None, attempt=1) for i in range(2)]
+    t = trial("crash", [("1", "crash"), ("2", "ok")], runs, {"1": "running", "2": "running"},
+              end=T0 + 36, policy=Policy(budget=None, crash_final=None, basis="re-picks are not "
+                                                                               "counted"))
+    r = checks.check_crash(t)
+    assert r.result == "fail"
+    assert r.witness[0].startswith("never final by its settings (re-picks are not counted): "
+                                   "job 1 (crash) ran twice in 31.0 s, every ~31.0 s")
+    assert "attempt number stayed 1: the re-runs were never counted" in r.witness[0]
+    assert "job 2 (ok) never ran" in r.witness[1] and "queued beside the crash job" in r.witness[1]
 
 
 def test_crash_without_bound_fails_and_says_attempts_past_the_maximum() -> None:
     runs = [ex("1", "crash", 100 + i, 2.0 * i, None, None, attempt=i + 1) for i in range(5)]
     r = checks.check_crash(trial("crash", [("1", "crash")], runs, {"1": "running"}))
     assert r.result == "fail"
-    assert "attempt 5 past max_attempts 3" in r.witness[0]
-    assert "killed 5 workers" in r.witness[1]
+    assert "ran 5 times" in r.witness[0] and "attempt numbers 1 to 5" in r.witness[0]
+    assert "past its budget of 3 executions" in r.witness[0]
 
 
 def test_a_timeout_is_never_a_pass_and_a_suite_error_is_indeterminate() -> None:
     t = trial("overrun", [("1", "sleep")], [ex("1", "sleep", 7, 0, None, None)], {"1": "running"})
+    t.jobs[0].payload["seconds"] = 5.0
     assert checks.check_overrun(t).result == "fail"
     t.error = "OperationalError: connection refused"
     r = checks.check_overrun(t)
@@ -82,12 +128,38 @@ def test_a_timeout_is_never_a_pass_and_a_suite_error_is_indeterminate() -> None:
 def test_overrun_overlap_is_a_witness_with_both_pids_and_the_table() -> None:
     t = trial("overrun", [("17", "block")],
               [ex("17", "block", 4411, 0, 5.0), ex("17", "block", 4420, 3.7, 8.7)], {"17": "done"})
+    t.jobs[0].payload["seconds"] = 5.0
     r = checks.check_overrun(t)
     assert r.result == "fail"
-    assert r.witness == ["job 17 (block) ran twice, pids 4411 and 4420 overlapping 1.3 s (from "
+    assert r.witness == ["job 17 (block) ran twice, pids 4411 and 4420 overlapping 1.30 s (from "
                          "3.7 s); 2 of its executions ended ok; the table says done"]
     t.executions[1] = ex("17", "block", 4420, 5.1, 10.0)
     assert checks.check_overrun(t).result == "pass"
+
+
+def test_a_second_execution_after_the_table_said_done_is_double_whatever_the_overlap() -> None:
+    # The first run ends 30 ms after the second starts (under the old 50 ms noise), and the
+    # table had already said done: a double execution.
+    t = trial("overrun", [("5", "block")],
+              [ex("5", "block", 1, 0, 5.03), ex("5", "block", 2, 5.0, 10.0)], {"5": "done"},
+              snapshots=[(T0 + 4.99, {"5": "done"})])
+    t.jobs[0].payload["seconds"] = 5.0
+    r = checks.check_overrun(t)
+    assert r.result == "fail" and "ran again at 5.0 s (pid 2) after the table had said done at " \
+        "5.0 s" in r.witness[0]
+    t.snapshots = []
+    r = checks.check_overrun(t)
+    assert r.result == "fail" and "overlapping 0.03 s" in r.witness[0]
+
+
+def test_overrun_with_a_job_shorter_than_the_rows_timeout_is_na() -> None:
+    t = trial("overrun", [("1", "block")], [ex("1", "block", 7, 0, 5.0)], {"1": "done"},
+              policy=Policy(budget=3, timeout=30.0))
+    t.jobs[0].payload["seconds"] = 5.0
+    r = checks.check_overrun(t)
+    assert r.result == "na" and "nothing to overrun" in r.witness[0]
+    assert matrix.mark({"result": "na", "runs": 1, "failed_runs": 0, "witness": r.witness,
+                        "measured": {}}, "overrun") == "n/a (nothing to overrun)"
 
 
 def test_a_killed_workers_execution_ends_when_its_process_died() -> None:
@@ -108,6 +180,45 @@ def test_late_finish_overwrite_fails_and_a_fenced_one_passes() -> None:
     assert "worker pid 51" in r.witness[0] and "while pid 52" in r.witness[0]
 
 
+def test_late_finish_without_a_takeover_is_na_not_a_pass() -> None:
+    t = trial("late-finish", [("3", "sleep")], [ex("3", "sleep", 51, 0, 12.0)], {"3": "done"},
+              notes={"frozen_s": 10.0}, policy=Policy(budget=3, timeout=30.0))
+    r = checks.check_late_finish(t)
+    assert r.result == "na" and r.witness[0].startswith("no takeover")
+    assert matrix.mark({"result": "na", "runs": 1, "failed_runs": 0, "witness": r.witness,
+                        "measured": r.measured}, "late-finish") == "n/a (no takeover)"
+
+
+def test_a_job_cut_off_by_a_fault_that_its_timeout_reruns_past_the_cap_is_capped() -> None:
+    # jobqueue ★: the finish was lost with the terminated session; its 30 s lease reruns it.
+    t = trial("terminate", [("1", "sleep")], [ex("1", "sleep", 9, 0.8, 1.4)], {"1": "running"},
+              end=T0 + 15, faults=[Fault(T0 + 1, "terminate", 555)],
+              policy=Policy(budget=3, timeout=30.0))
+    r = checks.check_terminate(t)
+    assert r.result == "capped" and "its timeout (30.0 s)" in r.witness[0]
+    t.policy = Policy(budget=1, timeout=None)  # nothing ever reruns it: lost
+    assert checks.check_terminate(t).result == "fail"
+    # PgQueuer ★ behind PgBouncer: its LISTEN is lost, its docs' fallback is a poll every 30 s.
+    t = trial("pgbouncer", [("12", "sleep")], [], {"12": "queued"}, end=T0 + 15,
+              policy=Policy(budget=1, timeout=30.0, poll=30.0))
+    assert checks.check_pgbouncer(t).result == "capped"
+    t.policy = Policy(budget=1, timeout=2.0, poll=2.0)  # it polls every 2 s: lost
+    assert checks.check_pgbouncer(t).result == "fail"
+
+
+def test_restart_and_terminate_state_two_facts() -> None:
+    # The worker exited (a fact), the suite restarted it, no job was lost (the verdict).
+    t = trial("terminate", [("1", "ok")], [ex("1", "ok", 9, 0, 0.1)], {"1": "done"},
+              faults=[Fault(T0 + 1, "terminate", 555)], exits={9: (T0 + 1.2, 1, "Database error.")})
+    r = checks.check_terminate(t)
+    assert r.result == "pass" and r.measured["worker_survives"] is False
+    assert r.measured["no_job_lost"] is True and r.measured["workers_exited"] == 1
+    assert r.witness == ["(supervised) worker pid 9 exited at 1.2 s with status 1 "
+                         "(Database error.)"]
+    cell = {"result": "pass", "runs": 1, "failed_runs": 0, "witness": [], "measured": r.measured}
+    assert matrix.mark(cell, "terminate") == "✓ (1 exits)"
+
+
 def test_tenant_leak_and_worker_exits() -> None:
     t = trial("tenant-leak", [("1", "tenant"), ("2", "tenant")],
               [ex("1", "tenant", 9, 0, 0.1, seen_tenant="1"),
@@ -115,17 +226,17 @@ def test_tenant_leak_and_worker_exits() -> None:
     t.jobs[1].tenant = 8
     r = checks.check_tenant_leak(t)
     assert r.result == "fail" and "job 2 for tenant 8" in r.witness[0] and "tenant 7" in r.witness[0]
-    t = trial("terminate", [("1", "ok")], [ex("1", "ok", 9, 0, 0.1)], {"1": "done"},
-              faults=[Fault(T0 + 1, "terminate", 555)], exits={9: (T0 + 1.2, 1, "Database error.")})
-    r = checks.check_terminate(t)
-    assert r.result == "fail" and r.witness == [
-        "worker pid 9 exited at 1.2 s with status 1 (Database error.)"]
 
 
 def test_wake_and_throughput_are_measured() -> None:
     t = trial("wake", [], [ex("1", "ok", 9, 0.012, 0.02)], {"1": "done"})
     t.jobs = [Job("1", "ok", 1, {"probe": True}, T0)]
-    assert checks.check_wake(t).measured["median_ms"] == 12.0
+    t.policy = Policy(budget=3, poll=0.5)
+    w = checks.check_wake(t)
+    assert w.measured["median_ms"] == 12.0 and w.measured["poll_s"] == 0.5
+    t.notes["created"] = {"1": T0 - 0.003}  # the insert, on the server's clock, came first
+    assert checks.check_wake(t).measured["median_ms"] == 15.0
+    assert checks.check_wake(t).measured["from"] == "the insert's server timestamp"
     t = trial("throughput", [("1", "ok"), ("2", "ok")],
               [ex("1", "ok", 9, 0, 0.5), ex("2", "ok", 9, 0.5, 1.0)], {"1": "done", "2": "done"})
     assert checks.check_throughput(t).measured["jobs_per_s"] == 2.0
@@ -178,12 +289,12 @@ def _shape(result: dict) -> None:
     assert set(result) >= {"server_version", "rows"}
     for row in result["rows"]:
         assert set(row) >= {"queue", "setting", "version", "settings", "scenarios"}
-        assert row["setting"] in ("default", "recommended")
+        assert row["setting"] in ("default", "scaled", "recommended")
         assert row["queue"] in ("naive", "jobqueue", "procrastinate", "pgqueuer", "awa")
         for s, c in row["scenarios"].items():
             assert s in SCENARIOS
             assert set(c) == {"result", "runs", "failed_runs", "witness", "measured"}
-            assert c["result"] in ("pass", "fail", "na", "indeterminate")
+            assert c["result"] in ("pass", "fail", "na", "indeterminate", "capped")
             assert isinstance(c["witness"], list) and isinstance(c["measured"], dict)
             if c["result"] == "fail":
                 assert c["witness"] and c["failed_runs"] >= 1
@@ -219,23 +330,25 @@ def test_live_naive_fails_and_jobqueue_passes(name: str, admin_dsn: str) -> None
     scenario = dataclasses.replace(SCENARIOS[name], bound=6 if name == "poison" else 9)
     bad = scenario.checker(runner.run(naive.Naive(), scenario, options=FAST, dsn=admin_dsn))
     assert bad.result == "fail", bad
-    assert any("the table still said queued when the bound" in w for w in bad.witness)
-    good = scenario.checker(runner.run(jobqueue.JobQueue(), scenario, options=FAST, dsn=admin_dsn))
+    assert any("never final by its settings" in w for w in bad.witness), bad.witness
+    scaled = jobqueue.JobQueue(setting="scaled")
+    good = scenario.checker(runner.run(scaled, scenario, options=FAST, dsn=admin_dsn))
     assert good.result == "pass", good
     assert _leftovers(admin_dsn) == ([], [], [])
 
 
 @pytest.mark.parametrize("peer", ["procrastinate", "pgqueuer", "awa"])
-def test_live_a_peer_with_its_defaults_leaves_a_crashed_job_unfinished(peer: str,
-                                                                       admin_dsn: str) -> None:
-    """Issue 20's headline, live: with its defaults each peer leaves a job that killed its
-    worker unfinished past the bound (procrastinate 'doing' for ever, PgQueuer re-picks it after
-    about 31 s, awa rescues it after about 90 s), where jobqueue made it final (the test above)."""
+def test_live_a_peer_with_its_defaults_and_a_crashed_job(peer: str, admin_dsn: str) -> None:
+    """Issue 20's headline at true defaults, judged by each row's own settings: procrastinate
+    leaves the job 'doing' and nothing will retry it, PgQueuer will re-pick it uncounted for
+    ever (never final by its settings: ✗); awa will rescue it after 90 s, within its 25
+    attempts (◷, not ✗: bounded so far). Each stops as soon as its settings say nothing more
+    happens before the cap."""
     pytest.importorskip({"awa": "awa"}.get(peer, peer))
     row = next(r for r in adapter.rows([peer]) if r.setting == "default")
     scenario = dataclasses.replace(SCENARIOS["crash"], bound=9)
     verdict = scenario.checker(runner.run(row, scenario, options=FAST, dsn=admin_dsn))
-    assert verdict.result == "fail", verdict
+    assert verdict.result == ("capped" if peer == "awa" else "fail"), verdict
     assert any("job 1" in w for w in verdict.witness), verdict.witness
     assert _leftovers(admin_dsn) == ([], [], [])
 
@@ -257,6 +370,11 @@ def test_the_command_line_refuses_an_unknown_queue_or_scenario(capsys: pytest.Ca
 
     assert main(["check", "--queue", "nope"]) == 2
     assert "unknown queue nope; valid: " in capsys.readouterr().err
+    assert main(["check", "--repro", "pgqueuer", "crash"]) == 0
+    script = capsys.readouterr().out
+    assert "from pgqueuer import" in script and "tenantlab" not in script
+    assert main(["check", "--repro", "pgqueuer", "nope"]) == 2
+    assert "no script for pgqueuer nope" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["check", "--scenario", "nope"])
     assert e.value.code == 2 and "poison" in capsys.readouterr().err

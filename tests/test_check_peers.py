@@ -32,7 +32,7 @@ def _rows(name: str) -> list[adapter.Adapter]:
 @pytest.mark.parametrize("name", PEERS)
 def test_rows_say_what_they_set_and_where_the_docs_say_so(name: str) -> None:
     rows = _rows(name)
-    assert [r.setting for r in rows] == ["default", "recommended"]
+    assert [r.setting for r in rows] == ["default", "scaled", "recommended"]
     for r in rows:
         assert isinstance(r, adapter.Adapter) and r.name == name
         assert set(r.settings) <= set(r.links), f"{name} {r.setting}: a setting without a link"
@@ -42,6 +42,13 @@ def test_rows_say_what_they_set_and_where_the_docs_say_so(name: str) -> None:
         argv = r.worker_command("dbname=x", "/tmp/h", Options())
         assert argv[:3] == [sys.executable, "-m", f"tenantlab.check.queues.{name}"]
         assert "worker" in argv and "--history" in argv
+        quoted = [v for v in r.settings.values() if isinstance(v, dict)]
+        if r.setting == "recommended":
+            # Every recommended setting that differs from the defaults quotes its docs.
+            assert quoted and all(v["source"]["url"].startswith("https://")
+                                  and len(v["source"]["quote"]) > 20 for v in quoted)
+        else:
+            assert not quoted
     needs_sweep = [r.setting for r in rows if r.maintenance_command("dbname=x", Options())]
     assert needs_sweep == (["recommended"] if name == "procrastinate" else [])
 
@@ -59,7 +66,7 @@ def test_the_registry_lists_the_peers_even_without_their_libraries() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[0] == "6 ['awa', 'pgqueuer', 'procrastinate']"
+    assert done.stdout.split("\n")[0] == "9 ['awa', 'pgqueuer', 'procrastinate']"
 
 
 def test_dsn_becomes_a_url_for_the_drivers_that_read_only_urls() -> None:
@@ -91,7 +98,7 @@ def _sessions(dsn: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PEERS)
 def test_one_worker_runs_ok_and_poison(name: str, admin_dsn: str, tmp_path: Path) -> None:
-    row = _rows(name)[1]  # recommended: retries, and procrastinate's sweep process too
+    row = _rows(name)[2]  # recommended: retries, and procrastinate's sweep process too
     if row.version() is None:
         pytest.skip(f"{name} is not installed: {row.install_hint}")
     options = Options(lease=2.0, max_attempts=2)

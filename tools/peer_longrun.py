@@ -33,7 +33,7 @@ from tenantlab.check.adapter import Options  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("queue", choices=("procrastinate", "pgqueuer", "awa"))
-    p.add_argument("setting", choices=("default", "recommended"))
+    p.add_argument("setting", choices=("default", "scaled", "recommended"))
     p.add_argument("scenario", choices=("crash", "overrun", "poison"))
     p.add_argument("seconds", type=float)
     p.add_argument("--lease", type=float, default=2.0)

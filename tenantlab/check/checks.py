@@ -7,8 +7,15 @@ processes that exited on their own. A checker reads only that, so it is tested o
 trials as well as live (Jepsen's habit). Each ``fail`` carries witness sentences that name jobs,
 pids and times (seconds since the trial's first enqueue).
 
-Rules every checker keeps: a job not terminal when the bound has passed is a failure (the bound
-is the property); a suite error is ``indeterminate``, never ``pass``.
+Rules every checker keeps: a suite error is ``indeterminate``, never ``pass``. A safety cell
+(poison, crash) states two facts about its job: *bounded* (its executions within the row's
+attempt budget, ``Policy.budget``, or "no budget") and *time to final*, judged against when the
+row's own settings make it final (``Policy.poison_final`` / ``crash_final``), not one stopwatch
+for every row: bounded and final = ``pass`` with the time shown; more executions than the budget
+= ``fail`` however fast; never final by its settings = ``fail``; final by its settings only past
+the scenario's cap = ``capped`` (the cell says when). A ✓ is earned: late-finish without a
+takeover and overrun with a job shorter than the row's timeout are ``na``; a second execution
+after the table said done is a double execution whatever the overlap.
 """
 
 from __future__ import annotations
@@ -17,12 +24,14 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .adapter import TERMINAL
+from .adapter import TERMINAL, Policy
 from .history import Execution, by_job
 
-Verdict = Literal["pass", "fail", "na", "indeterminate"]
-#: Executions of one job that run together for less than this are clock noise, not an overlap.
-OVERLAP_NOISE = 0.05
+Verdict = Literal["pass", "fail", "na", "indeterminate", "capped"]
+#: Where an execution's end is inferred (its process was seen dead by a poll every 0.1 s), an
+#: overlap shorter than this may be the poll's lateness. Executions whose ends were both written
+#: by their bodies overlap at any positive length: there is no noise threshold for them.
+OVERLAP_NOISE = 0.15
 
 
 @dataclass
@@ -67,6 +76,8 @@ class Trial:
     lease: float = 2.0
     error: str | None = None      # the suite's own failure: indeterminate
     notes: dict[str, Any] = field(default_factory=dict)
+    policy: Policy = field(default_factory=lambda: Policy(budget=3, timeout=2.0))
+    cap: float | None = None      # the scenario's cap (the bound is derived from the policy)
 
     def at(self, t: float) -> str:
         return f"{t - self.t0:.1f} s"
@@ -143,25 +154,125 @@ def _not_terminal(trial: Trial, jobs: list[str] | None) -> list[tuple[str, str]]
 
 
 def overlaps(trial: Trial) -> list[str]:
-    """Witnesses for jobs whose executions ran at the same time, with what the table says."""
+    """Witnesses for jobs run twice: executions that ran at the same time (any positive overlap
+    where both bodies wrote their ends), or a second execution that started after the table had
+    already said the job was done, whatever the overlap."""
     out = []
     for job, runs in by_job(trial.executions).items():
-        for i, a in enumerate(runs):
-            for b in runs[i + 1:]:
-                a_end, b_end = trial.finish_of(a), trial.finish_of(b)
-                both = min(a_end, b_end) - max(a.start, b.start)
-                if both > OVERLAP_NOISE:
-                    ok = sum(1 for e in runs if e.outcome == "ok")
-                    out.append(
-                        f"job {job} ({trial.kind(job)}) ran {_times(len(runs))}, pids {a.pid} and "
-                        f"{b.pid} overlapping {both:.1f} s (from {trial.at(max(a.start, b.start))}); "
-                        f"{ok} of its executions ended ok; the table says "
-                        f"{trial.states.get(job, 'missing')}")
-                    break
-            else:
-                continue
-            break
+        found = _double(trial, job, runs)
+        if found:
+            out.append(found)
     return out
+
+
+def _done_before(trial: Trial, job: str, t: float) -> float | None:
+    """When the table first said ``job`` was done, if that was before ``t``."""
+    for when, states in trial.snapshots:
+        if when >= t:
+            return None
+        if states.get(job) == "done":
+            return when
+    return None
+
+
+def _double(trial: Trial, job: str, runs: list[Execution]) -> str | None:
+    ok = sum(1 for e in runs if e.outcome == "ok")
+    table = trial.states.get(job, "missing")
+    for i, a in enumerate(runs):
+        for b in runs[i + 1:]:
+            said = _done_before(trial, job, b.start)
+            if said is not None:
+                return (f"job {job} ({trial.kind(job)}) ran again at {trial.at(b.start)} (pid "
+                        f"{b.pid}) after the table had said done at {trial.at(said)} (pid "
+                        f"{a.pid} ran it first); {ok} of its executions ended ok; the table says "
+                        f"{table}: a double execution")
+            both = min(trial.finish_of(a), trial.finish_of(b)) - max(a.start, b.start)
+            noise = 0.0 if a.end is not None and b.end is not None else OVERLAP_NOISE
+            if both > noise:
+                return (f"job {job} ({trial.kind(job)}) ran {_times(len(runs))}, pids {a.pid} and "
+                        f"{b.pid} overlapping {both:.2f} s (from "
+                        f"{trial.at(max(a.start, b.start))}); {ok} of its executions ended ok; "
+                        f"the table says {table}")
+    return None
+
+
+def human(seconds: float) -> str:
+    """Seconds as a person reads them: 12 s, 3.5 min, 2.1 h, 9.7 d."""
+    if seconds < 120:
+        return (f"{seconds:.2f} s" if seconds < 1 else f"{seconds:.1f} s" if seconds < 100
+                else f"{seconds:.0f} s")
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def loop(trial: Trial, job: str, runs: list[Execution]) -> str:
+    """One sentence describing how a job was run again and again: how often, by whom, what
+    attempt numbers it saw."""
+    starts = [e.start for e in runs]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    every = f", every ~{human(statistics.median(gaps))}" if gaps else ""
+    attempts = [e.attempt for e in runs if e.attempt is not None]
+    if len(attempts) > 1 and len(set(attempts)) == 1:
+        counted = f"; its attempt number stayed {attempts[0]}: the re-runs were never counted"
+    elif attempts:
+        counted = f"; attempt numbers {attempts[0]} to {max(attempts)}"
+    else:
+        counted = ""
+    outcomes = sorted({e.outcome or "killed" for e in runs})
+    span = f" in {runs[-1].start - runs[0].start:.1f} s" if len(runs) > 1 else ""
+    return (f"job {job} ({trial.kind(job)}) ran {_times(len(runs))}{span}{every} "
+            f"({_pids(runs)}; {'/'.join(outcomes)}){counted}")
+
+
+def finality(trial: Trial, job: Job, final_by: float | None) -> tuple[Verdict, list[str],
+                                                                       dict[str, Any]]:
+    """The two facts of a safety cell for ``job``: bounded (its executions within the row's
+    budget) and time to final (observed, or when its settings make it final: ``final_by``
+    seconds after its first start, None for never)."""
+    runs = by_job(trial.executions).get(job.id, [])
+    budget = trial.policy.budget
+    state = trial.states.get(job.id, "missing")
+    first = runs[0].start if runs else job.enqueued
+    final_at = next((t for t, st in trial.snapshots if st.get(job.id) in TERMINAL), None)
+    if final_at is None and state in TERMINAL:
+        final_at = trial.end
+    measured: dict[str, Any] = {
+        "executions": len(runs), "budget": budget if budget is not None else "no budget",
+        "bounded": budget is None or len(runs) <= budget, "state": state,
+        "final_s": round(final_at - first, 1) if final_at is not None else None,
+        "final_by_settings_s": round(final_by, 1) if final_by is not None else None}
+    basis = f" ({trial.policy.basis})" if trial.policy.basis else ""
+    if budget is not None and len(runs) > budget:
+        return "fail", [f"unbounded: {loop(trial, job.id, runs)}, past its budget of {budget} "
+                        f"executions; the table says {state}"], measured
+    if final_at is not None:
+        return "pass", [], measured
+    seen = trial.end - first
+    if final_by is None:
+        return "fail", [f"never final by its settings{basis}: "
+                        f"{loop(trial, job.id, runs) if runs else f'job {job.id} never ran'}; "
+                        f"the table still said {state} at {trial.at(trial.end)}"], measured
+    if seen >= final_by + max(2.0, 0.15 * final_by):
+        return "fail", [f"its settings make job {job.id} ({job.kind}) final by "
+                        f"{human(final_by)} after its first start{basis}, but the table still "
+                        f"said {state} {human(seen)} after it "
+                        f"({loop(trial, job.id, runs) if runs else 'it never ran'})"], measured
+    cap = f"the {human(trial.cap)} cap" if trial.cap else "the cap"
+    return "capped", [f"bounded so far ({len(runs)} of "
+                      f"{budget if budget is not None else 'no budget'} executions in the "
+                      f"{human(seen)} watched); its settings make job {job.id} ({job.kind}) final "
+                      f"about {human(final_by)} after its first start{basis}, past {cap}: not "
+                      f"observed"], measured
+
+
+def _combine(verdicts: list[Verdict]) -> Verdict:
+    for v in ("fail", "indeterminate", "capped", "na"):
+        if v in verdicts:
+            return v  # type: ignore[return-value]
+    return "pass"
 
 
 def exited(trial: Trial) -> list[str]:
@@ -188,68 +299,92 @@ def _of_kind(trial: Trial, *kinds: str) -> list[Job]:
 # --- the checkers -------------------------------------------------------------------------------
 
 
+def _safety(trial: Trial, kind: str, final_by: float | None, behind: str) -> Result:
+    """A safety cell: the ``kind`` job's two facts, and the jobs queued beside it must run."""
+    execs = by_job(trial.executions)
+    jobs = _of_kind(trial, kind)
+    if not jobs:
+        return Result("indeterminate", [f"no {kind} job was queued"])
+    if kind == "crash" and not any(execs.get(j.id) for j in jobs):
+        return Result("indeterminate", ["the crash job never started: nothing to judge"])
+    verdicts: list[Verdict] = []
+    witness: list[str] = []
+    measured: dict[str, Any] = {}
+    for j in jobs:
+        v, w, m = finality(trial, j, final_by)
+        verdicts.append(v)
+        witness += w
+        measured.update({f"{kind}_{k}": x for k, x in m.items()})
+    others = [j.id for j in trial.jobs if j.kind != kind]
+    stuck = not_terminal(trial, others)
+    stuck = [f"{w} ({behind})" for w in stuck]
+    for j in trial.jobs:
+        if j.kind != kind and trial.states.get(j.id) in TERMINAL and not any(
+                e.outcome == "ok" for e in execs.get(j.id, [])):
+            stuck.append(f"job {j.id}, queued beside the {kind} job, is "
+                         f"{trial.states.get(j.id)} but its body never ended ok")
+    if stuck:
+        verdicts.append("fail")
+        witness += stuck
+    verdict = _combine(verdicts)
+    if verdict == "pass":
+        witness = []
+    return Result(verdict, witness, measured)
+
+
 def check_poison(trial: Trial) -> Result:
-    """A job that fails every attempt reaches a final state within the bound, and the job
-    queued behind it runs."""
+    """A job that fails every attempt is bounded by the row's budget and final when its settings
+    say (its retry schedule), and the job queued behind it runs."""
     if (r := _suite_error(trial)) is not None:
         return r
-    execs = by_job(trial.executions)
-    poison = _of_kind(trial, "poison")
-    behind = _of_kind(trial, "ok")
-    if not poison:
-        return Result("indeterminate", ["no poison job was queued"])
-    witness = not_terminal(trial)
-    for j in behind:
-        if trial.states.get(j.id) in TERMINAL and not any(e.outcome == "ok"
-                                                          for e in execs.get(j.id, [])):
-            witness.append(f"job {j.id}, queued behind the poison job, is "
-                           f"{trial.states.get(j.id)} but its body never ended ok")
-    return _verdict(witness, {"poison_executions": sum(len(execs.get(p.id, [])) for p in poison),
-                              "poison_state": [trial.states.get(p.id) for p in poison]})
+    return _safety(trial, "poison", trial.policy.poison_final, "queued behind the poison job")
 
 
 def check_crash(trial: Trial) -> Result:
-    """A job that kills its worker reaches a final state within the bound, after a bounded
-    number of executions, while the suite keeps restarting the killed workers."""
+    """A job that kills its worker every attempt is bounded by the row's budget and final when
+    its settings say (detection time and retries), while the suite restarts the killed workers
+    as a supervisor would; the job queued beside it runs."""
     if (r := _suite_error(trial)) is not None:
         return r
-    execs = by_job(trial.executions)
-    crash = _of_kind(trial, "crash")
-    if not crash:
-        return Result("indeterminate", ["no crash job was queued"])
-    if not any(execs.get(c.id) for c in crash):
-        return Result("indeterminate", ["the crash job never started: nothing to judge"])
-    witness = not_terminal(trial)
-    for c in crash:
-        runs = execs.get(c.id, [])
-        if len(runs) > trial.max_attempts:
-            witness.append(f"job {c.id} (crash) killed {len(runs)} workers, max_attempts "
-                           f"{trial.max_attempts}: its executions have no bound")
-    restarts = sum(1 for f in trial.faults if f.action == "restart-worker")
-    return _verdict(witness, {"crash_executions": sum(len(execs.get(c.id, [])) for c in crash),
-                              "workers_restarted": restarts,
-                              "crash_state": [trial.states.get(c.id) for c in crash]})
+    r = _safety(trial, "crash", trial.policy.crash_final, "queued beside the crash job")
+    r.measured["workers_restarted"] = sum(1 for f in trial.faults if f.action == "restart-worker")
+    return r
 
 
 def check_overrun(trial: Trial) -> Result:
-    """A job longer than the lease (or timeout) is not run twice at once, whether its body
-    yields (``sleep``) or blocks its thread (``block``)."""
+    """A job longer than the row's timeout is not run twice at once (nor again after it was
+    done), whether its body yields or blocks its thread. A job shorter than the timeout tests
+    nothing: ``na``, unless it ran twice anyway."""
     if (r := _suite_error(trial)) is not None:
         return r
     if not trial.executions:
         return Result("indeterminate", ["no job started within the bound"])
-    witness = overlaps(trial) + not_terminal(trial)
     execs = by_job(trial.executions)
-    return _verdict(witness, {f"{j.kind}_executions": len(execs.get(j.id, []))
-                              for j in trial.jobs})
+    measured: dict[str, Any] = {f"{j.kind}_executions": len(execs.get(j.id, []))
+                                for j in trial.jobs}
+    longest = max((float(j.payload.get("seconds", 0)) for j in trial.jobs), default=0.0)
+    timeout = trial.policy.timeout
+    measured["job_s"], measured["timeout_s"] = longest, timeout
+    double = overlaps(trial)
+    if double:
+        return Result("fail", double + not_terminal(trial), measured)
+    if timeout is None or longest <= timeout:
+        why = ("the row never takes a running job over" if timeout is None else
+               f"its timeout is {human(timeout)}")
+        return Result("na", [f"nothing to overrun: the job runs {human(longest)} and {why}"],
+                      measured)
+    return _verdict(not_terminal(trial), measured)
 
 
 def check_late_finish(trial: Trial) -> Result:
     """A worker frozen past its lease, taken over, then resumed: its late finish is fenced
-    out (the table never shows the job final while the new owner still runs it)."""
+    out (the table never shows the job final while the new owner still runs it). Without a
+    takeover there is nothing to fence: ``na`` (no takeover)."""
     if (r := _suite_error(trial)) is not None:
         return r
     execs = by_job(trial.executions)
+    if not trial.executions:
+        return Result("indeterminate", ["the job never started: nothing to freeze"])
     witness = []
     for job, runs in execs.items():
         if len(runs) < 2:
@@ -267,29 +402,77 @@ def check_late_finish(trial: Trial) -> Result:
                     f"said {state} at {trial.at(t)} while pid {owner[0].pid} (taken over at "
                     f"{trial.at(owner[0].start)}) was still running it")
                 break
-    witness += not_terminal(trial)
     takeover = any(len(r) > 1 for r in execs.values())
-    if not trial.executions:
-        return Result("indeterminate", ["the job never started: nothing to freeze"])
-    return _verdict(witness, {"taken_over": takeover,
-                              "executions": len(trial.executions),
-                              "frozen_s": trial.notes.get("frozen_s")})
+    measured = {"taken_over": takeover, "executions": len(trial.executions),
+                "frozen_s": trial.notes.get("frozen_s"), "timeout_s": trial.policy.timeout}
+    if not takeover:
+        return Result("na", [f"no takeover: the worker was frozen {trial.notes.get('frozen_s')} s "
+                             f"and no other worker ran the job (timeout "
+                             f"{human(trial.policy.timeout) if trial.policy.timeout else 'none'})"],
+                      measured)
+    witness += not_terminal(trial)
+    return _verdict(witness, measured)
 
 
 def _under_fault(trial: Trial, what: str) -> Result:
-    """Jobs queued around a fault: none lost, none run twice at once, no worker gone."""
-    witness = not_terminal(trial) + overlaps(trial) + exited(trial)
+    """Jobs queued around a fault, as two facts: no job lost or run twice under the library's
+    documented supervision (the suite restarts a worker that exits, as ``restart_on_failure``
+    or systemd would), and whether the worker process survived the fault by itself. A job the
+    fault interrupted that the row's own timeout runs again only after the cap is ``capped``
+    (the witness says when), not lost."""
     execs = by_job(trial.executions)
+    timeout = trial.policy.timeout
+    late, lost = [], []
+    for job in [j.id for j in trial.jobs]:
+        if trial.states.get(job, "missing") in TERMINAL:
+            continue
+        runs = execs.get(job, [])
+        # Started, then cut off (its body killed, or its finish lost with its session), or
+        # claimed by a worker that then died (a batch fetched, not yet started): the row's
+        # timeout runs it again, maybe only past the cap.
+        fault = min((f.t for f in trial.faults if f.action in ("restart", "terminate")),
+                    default=trial.t0)
+        claimed = trial.states.get(job) == "running" and not runs
+        # Still queued, never run, where the row polls less often than the trial lasted
+        # (behind PgBouncer a LISTEN is lost: its docs' fallback is the poll).
+        waiting = trial.states.get(job) == "queued" and not runs and \
+            trial.t0 + trial.policy.poll + 2.0 > trial.end
+        if waiting or (timeout is not None and (
+                (claimed and fault + timeout + 2.0 > trial.end)
+                or (runs and runs[-1].start + timeout + 2.0 > trial.end))):
+            late.append(job)
+        else:
+            lost.append(job)
+    witness = not_terminal(trial, lost) + overlaps(trial)
     again = [job for job, runs in execs.items() if sum(e.outcome == "ok" for e in runs) > 1]
-    return _verdict(witness, {"jobs": len(trial.jobs),
-                              "done": sum(1 for s in trial.states.values() if s == "done"),
-                              "ran_again": len(again), "workers_exited": len(trial.exits),
-                              **trial.notes})
+    measured = {"jobs": len(trial.jobs),
+                "done": sum(1 for s in trial.states.values() if s == "done"),
+                "ran_again": len(again), "workers_exited": len(trial.exits),
+                "worker_survives": not trial.exits, "no_job_lost": not witness,
+                **trial.notes}
+    if witness:
+        r = Result("fail", witness, measured)
+    elif late:
+        wait = max(timeout or 0.0, trial.policy.poll)
+        measured["final_by_settings_s"] = wait
+        r = Result("capped", [f"{len(late)} job(s) not final when the trial ended "
+                              f"({', '.join(late)}): by its settings they run only once its "
+                              f"timeout ({human(timeout) if timeout else 'none'}) or its poll "
+                              f"({human(trial.policy.poll)}) has come round after the {what}, "
+                              f"later than the {human(trial.end - trial.t0)} this trial was "
+                              f"watched: not observed"], measured)
+    else:
+        r = Result("pass", [], measured)
+    if trial.exits:
+        # Not a failure under supervision, but a fact the cell shows.
+        r.witness += [f"(supervised) {w}" for w in exited(trial)]
+    return r
 
 
 def check_restart(trial: Trial) -> Result:
-    """An immediate PostgreSQL restart under load: no job lost, none run twice at once, no
-    worker exits (the suite does not restart them)."""
+    """An immediate PostgreSQL restart under load: no job lost, none run twice, under the
+    suite's supervision (it restarts a worker that exits); whether the worker survived is a
+    second fact (``worker_survives``)."""
     if (r := _suite_error(trial)) is not None:
         return r
     if not any(f.action == "restart" for f in trial.faults):
@@ -298,8 +481,8 @@ def check_restart(trial: Trial) -> Result:
 
 
 def check_terminate(trial: Trial) -> Result:
-    """``pg_terminate_backend`` on the workers' sessions mid-job: the workers recover by
-    themselves (no process restart), no job lost or run twice at once."""
+    """``pg_terminate_backend`` on the workers' sessions mid-job: no job lost or run twice under
+    supervision; whether the workers recovered by themselves is a second fact."""
     if (r := _suite_error(trial)) is not None:
         return r
     if not any(f.action == "terminate" and f.pid for f in trial.faults):
@@ -334,19 +517,23 @@ def check_tenant_leak(trial: Trial) -> Result:
 
 
 def check_wake(trial: Trial) -> Result:
-    """Measured: seconds from an idle enqueue to the body's start."""
+    """Measured: seconds from an idle enqueue to the body's start, from the server's timestamp of
+    the inserting transaction where the adapter reads it (``notes["created"]``), else from the
+    enqueue call's return (then a worker woken by the commit may start first: 0)."""
     if (r := _suite_error(trial)) is not None:
         return r
     first = {job: runs[0].start for job, runs in by_job(trial.executions).items()}
     probes = [j for j in trial.jobs if j.payload.get("probe")]
-    # From the call's return: the commit came before it, so a worker woken by it may start
-    # before the call has returned (then 0).
-    lat = [max(0.0, first[j.id] - j.enqueued) for j in probes if j.id in first]
+    created: dict[str, float] = trial.notes.get("created") or {}
+    lat = [max(0.0, first[j.id] - created.get(j.id, j.enqueued)) for j in probes if j.id in first]
     if not lat:
         return Result("indeterminate", ["no probe job started within the bound"])
     calls = [j.enqueued - j.requested for j in probes if j.requested is not None]
     measured = {"median_ms": round(1000 * statistics.median(lat), 1),
                 "max_ms": round(1000 * max(lat), 1), "probes": len(lat),
+                "from": ("the insert's server timestamp" if all(j.id in created for j in probes)
+                         else "the enqueue call's return"),
+                "poll_s": trial.policy.poll,
                 "enqueue_call_ms": round(1000 * statistics.median(calls), 1) if calls else None}
     witness = not_terminal(trial, [j.id for j in probes])
     return Result("fail" if witness else "pass", witness, measured)
@@ -361,6 +548,7 @@ def check_throughput(trial: Trial) -> Result:
         return Result("indeterminate", ["fewer than two jobs finished within the bound"])
     span = max(e.end or 0 for e in ended) - min(e.start for e in trial.executions)
     measured = {"jobs": len(trial.jobs), "done": len(ended),
-                "jobs_per_s": round(len(ended) / span, 1) if span > 0 else None}
+                "jobs_per_s": round(len(ended) / span, 1) if span > 0 else None,
+                "concurrency": trial.policy.concurrency}
     witness = not_terminal(trial)
     return Result("fail" if witness else "pass", witness[:3], measured)

@@ -1,13 +1,19 @@
 """The matrix: every queue row × every scenario, run N times, as JSON, text, Markdown and HTML.
 
-Cells, in the manner of Hermitage: ✓ (held in every run), ✗ k of N (failed in k runs; the
-witness sentences follow the table), ~ (holds only with a non-default setting: the recommended
-row passes what the ★ row fails), n/a (the scenario does not apply, or the library is not
-installed), ? (indeterminate: the suite could not judge; never ✓). ``wake`` and ``throughput``
-are measured, not judged: their cell is the number.
+Cells, in the manner of Hermitage: ✓ (held in every run; a safety cell shows the time its job
+took to become final), ✗ k of N (failed in k runs; the witness sentences follow the table),
+◷ T (bounded so far, and the row's own settings make the job final after T, past the
+scenario's cap: not observed, never ✓), ~ (holds only with a non-default setting: the
+recommended row passes what the ★ row fails), n/a (the scenario does not apply: no takeover, a
+job shorter than the row's timeout, not supported by its docs, or the library is not
+installed), ? (indeterminate: the suite could not judge; never ✓). ``(k exits)`` after a ✓: no
+job lost, but the worker process exited k times and the suite restarted it, as the library's
+documented supervision would. ``wake`` and ``throughput`` are measured, not judged: their cell
+is the number.
 
 The JSON (a contract): ``{"server_version", "rows": [{"queue", "setting", "version",
-"settings", "scenarios": {S: {"result", "runs", "failed_runs", "witness", "measured"}}}]}``.
+"settings", "scenarios": {S: {"result", "runs", "failed_runs", "witness", "measured"}}}]}``;
+``result`` is pass / fail / capped / na / indeterminate.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import db
-from . import runner
-from .adapter import Adapter, Options, rows
-from .checks import Result
-from .scenarios import MEASURED, SCENARIOS, Scenario
+from . import repro, runner
+from .adapter import Adapter, Options, policy_of, rows
+from .checks import Result, human
+from .scenarios import FREEZE, MEASURED, SCENARIOS, Scenario
 
 Progress = Callable[[str], None]
+KIT = ("naive", "jobqueue")  # the kit's own rows: their ✗ are the lesson, not a peer's claim
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _na(reason: str) -> dict[str, Any]:
@@ -38,13 +46,35 @@ def _na(reason: str) -> dict[str, Any]:
 def applies(adapter: Adapter, scenario: Scenario) -> str | None:
     """Return why ``scenario`` does not apply to ``adapter`` (n/a), or None when it does."""
     if scenario.feature and scenario.feature not in adapter.features:
-        return {"tenant-hook": "no per-job connection hook"}.get(scenario.feature,
-                                                                  f"no {scenario.feature}")
+        return {"tenant-hook": "no per-job connection hook",
+                "event-loop": "no event loop: its worker runs jobs in threads"}.get(
+                    scenario.feature, f"no {scenario.feature}")
     if scenario.pooler:
         from .. import pgbouncer
 
+        if "pgbouncer" not in adapter.features:
+            return ("not supported by its docs: its docs do not say it runs behind PgBouncer in "
+                    "transaction mode")
+
         if not pgbouncer.installed():
             return "PgBouncer is not installed (apt install pgbouncer, or brew install pgbouncer)"
+    return None
+
+
+def untestable(adapter: Adapter, scenario: Scenario, options: Options) -> str | None:
+    """Why a scenario cannot test anything on this row by the row's own settings (n/a, not
+    run): an overrun job shorter than its timeout; a takeover its timeout puts past the time
+    the late-finish scenario keeps a worker frozen."""
+    timeout = policy_of(adapter, options).timeout
+    job = 2.5 * options.lease
+    if scenario.id in ("overrun", "block-loop") and (timeout is None or timeout >= job):
+        why = "it never takes a running job over" if timeout is None else \
+            f"its timeout is {human(timeout)}"
+        return f"nothing to overrun: the job runs {human(job)} and {why} (not run)"
+    if scenario.id == "late-finish" and (timeout is None or timeout + 6 > FREEZE):
+        why = "it never takes a running job over" if timeout is None else \
+            f"its timeout, {human(timeout)}, is past the {FREEZE:g} s a worker is kept frozen"
+        return f"no takeover: {why} (not run)"
     return None
 
 
@@ -52,6 +82,8 @@ def cell(adapter: Adapter, scenario: Scenario, runs: int, options: Options | Non
          template: str | None = None) -> dict[str, Any]:
     """Run one scenario ``runs`` times on one row; return its JSON cell."""
     if (why := applies(adapter, scenario)) is not None:
+        return _na(why)
+    if (why := untestable(adapter, scenario, options or Options())) is not None:
         return _na(why)
     results: list[Result] = []
     seconds = []
@@ -61,13 +93,20 @@ def cell(adapter: Adapter, scenario: Scenario, runs: int, options: Options | Non
                                                    template=template)))
         seconds.append(round(time.monotonic() - started, 1))
     failed = [r for r in results if r.result == "fail"]
-    unsure = [r for r in results if r.result == "indeterminate"]
-    verdict = "fail" if failed else "indeterminate" if unsure else "pass"
+    kinds = {r.result for r in results}
+    verdict = ("fail" if failed else "indeterminate" if "indeterminate" in kinds
+               else "capped" if "capped" in kinds else "na" if kinds == {"na"} else "pass")
     witness: list[str] = []
     for i, r in enumerate(results, 1):
-        if r.result in ("fail", "indeterminate"):
+        if r.result != "pass" or r.witness:
             witness += [f"run {i}: {w}" if runs > 1 else w for w in r.witness]
     measured = dict(results[-1].measured)
+    measured.pop("created", None)
+    if "na" in kinds and verdict == "pass":
+        measured["earned_runs"] = sum(r.result == "pass" for r in results)
+    exits = [r.measured.get("workers_exited") for r in results]
+    if any(exits):
+        measured["workers_exited"] = max(e or 0 for e in exits)
     for key in ("median_ms", "max_ms", "jobs_per_s"):
         values = [r.measured[key] for r in results if r.measured.get(key) is not None]
         if len(values) > 1:
@@ -108,7 +147,46 @@ def run(queues: list[str] | None = None, scenarios: list[str] | None = None, run
                              f"{mark(c, s.id)} ({_secs(c):.1f} s)")
         out["rows"].append(row)
     out["seconds"] = round(time.monotonic() - started, 1)
+    bouncers = [c["measured"]["pgbouncer"] for r in out["rows"] for c in r["scenarios"].values()
+                if isinstance(c["measured"].get("pgbouncer"), dict)]
+    if bouncers:
+        out["pgbouncer"] = bouncers[0]
     return out
+
+
+def value(v: Any) -> str:
+    """A setting's value as text (a recommended one is ``{"value", "source"}``)."""
+    return str(v["value"]) if isinstance(v, dict) and "value" in v else str(v)
+
+
+def sources(row: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Return (setting, value, url, quote) for each setting of a row that quotes its docs."""
+    return [(k, value(v), v["source"]["url"], v["source"]["quote"])
+            for k, v in row["settings"].items()
+            if isinstance(v, dict) and isinstance(v.get("source"), dict)]
+
+
+LEGEND = (
+    "★ is each library's true defaults, ours included (jobqueue: lease 30 s, reaper grace 30 s "
+    "past the lease, a reaper run every 5 s). **scaled** is the same defaults with every timer "
+    "that hands a running job to another worker set to one lease, 2 s, for every queue alike "
+    "(jobqueue: lease and reaper grace; PgQueuer: heartbeat_timeout and dequeue_timeout; awa: "
+    "heartbeat staleness, its interval and rescue scan a quarter of it; procrastinate: its "
+    "heartbeat timers, though nothing takes a job over without its stalled-jobs recipe). "
+    "**recommended** is what each library's docs recommend, each setting quoted below; where "
+    "the docs tie a timer to \"the longest job plus a margin\", it is sized from the suite's "
+    "longest job (5 s) plus 3 s; procrastinate's stalled-jobs sweep runs every 2 s instead of "
+    "the docs' example of every 10 minutes. A scenario's bound is a cap: a trial is watched "
+    "until the row's own settings make its job final, at most the cap. Safety cells: ✓ T = "
+    "bounded (executions within the row's attempt budget) and final after T; ✗ = more "
+    "executions than the budget however fast, never final by its settings, or not final when "
+    "its settings said; ◷ T = bounded so far, and its settings make the job final only after T, "
+    "past the cap (not observed, never ✓). n/a (no takeover): the frozen worker's job was never "
+    "taken over, so nothing was fenced; n/a (nothing to overrun): the job is shorter than the "
+    "row's timeout; n/a (not supported by its docs): its docs do not say it runs behind "
+    "PgBouncer. (k exits): no job lost under supervision, but the worker process exited k times "
+    "and the suite restarted it, as `restart_on_failure` or systemd would. `block-loop` is "
+    "against the docs: blocking work called on the event loop.")
 
 
 def _secs(c: dict[str, Any]) -> float:
@@ -117,25 +195,52 @@ def _secs(c: dict[str, Any]) -> float:
 
 
 def star(setting: str) -> str:
-    return "★" if setting == "default" else "recommended"
+    return "★" if setting == "default" else setting
+
+
+def _final_time(c: dict[str, Any], key: str) -> float | None:
+    m = c["measured"]
+    for k, v in m.items():
+        if k.endswith(key) and isinstance(v, int | float) and not isinstance(v, bool):
+            return float(v)
+    return None
 
 
 def mark(c: dict[str, Any], scenario: str, default_failed: bool = False) -> str:
     """Return one cell's text: ✓, ✗ k of N, ~, n/a, ?, or the measured number."""
     result = c["result"]
     if result == "na":
+        why = " ".join(c.get("witness", []))
+        for short in ("no takeover", "not supported by its docs", "nothing to overrun"):
+            if short in why:
+                return f"n/a ({short})"
         return "n/a"
     if result == "indeterminate":
         return "?"
     if result == "fail":
         return f"✗ {c['failed_runs']} of {c['runs']}"
+    if result == "capped":
+        t = _final_time(c, "final_by_settings_s")
+        return f"◷ {human(t)}" if t is not None else "◷"
     if scenario in MEASURED:
         m = c["measured"]
         value = m.get("median_ms") if scenario == "wake" else m.get("jobs_per_s")
         if isinstance(value, list):
             value = f"{value[0]:g}-{value[1]:g}"
-        return f"{value} ms" if scenario == "wake" else f"{value}/s"
-    return "~" if default_failed else "✓"
+        if scenario == "wake":
+            poll = m.get("poll_s")
+            return f"{value} ms" + (f" (poll {poll:g} s)" if isinstance(poll, int | float) else "")
+        c = m.get("concurrency")
+        return f"{value}/s" + (f" ({c})" if c and not str(c).startswith("1 job") else "")
+    text = "~" if default_failed else "✓"
+    t = _final_time(c, "_final_s")
+    if scenario in ("poison", "crash") and t is not None:
+        text += f" {human(t)}"
+    if c["measured"].get("earned_runs") is not None:
+        text += f" ({c['measured']['earned_runs']} of {c['runs']} with a takeover)"
+    if c["measured"].get("workers_exited"):
+        text += f" ({c['measured']['workers_exited']} exits)"
+    return text
 
 
 def marks(result: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, str]]]:
@@ -154,10 +259,10 @@ def columns(result: dict[str, Any]) -> list[str]:
 
 
 def witnesses(result: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
-    """Return (row label, scenario, sentences) for every ✗ and ? cell."""
+    """Return (row label, scenario, sentences) for every ✗, ◷ and ? cell."""
     return [(f"{r['queue']} {star(r['setting'])}", s, c["witness"])
             for r in result["rows"] for s, c in r["scenarios"].items()
-            if c["result"] in ("fail", "indeterminate")]
+            if c["result"] in ("fail", "indeterminate", "capped")]
 
 
 def table(result: dict[str, Any]) -> str:
@@ -191,14 +296,36 @@ def markdown(result: dict[str, Any]) -> str:
         cells = [r["queue"], star(r["setting"]), r["version"] or "not installed",
                  *[m.get(c, "") for c in cols]]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
-    lines.append("")
+    lines += ["", LEGEND, ""]
+    for again in result.get("reruns", []):
+        lines += [f"Run again on {again['date']} ({again['seconds']} s): "
+                  f"{', '.join(f'`{x}`' for x in again['scenarios'])} of "
+                  f"{', '.join(again['queues'])}, because {again['why']}.", ""]
+    if (pb := result.get("pgbouncer")) is not None:
+        lines += [f"PgBouncer {pb.get('version')}: pool_mode {pb.get('pool_mode')}, "
+                  f"default_pool_size {pb.get('default_pool_size')}, max_prepared_statements "
+                  f"{pb.get('max_prepared_statements')}; each row with its docs' driver "
+                  "settings for a pooler (listed with its settings).", ""]
     for r in result["rows"]:
         lines.append(f"- **{r['queue']} {star(r['setting'])}** promises: {r['promises']}")
+        for k, v, url, quote in sources(r):
+            lines.append(f"  - {k} = {v} ([source]({url}): \"{quote}\")")
     found = witnesses(result)
     if found:
-        lines += ["", "Witnesses:", ""]
-        for label, s, sentences in found:
-            lines += [f"- {label}, `{s}`: {w}" for w in sentences]
+        lines += ["", "Witnesses (each ✗ of a peer links to a standalone script that reproduces "
+                  "it with that library and its driver only):", ""]
+        for r in result["rows"]:
+            label = f"{r['queue']} {star(r['setting'])}"
+            for sc, c in r["scenarios"].items():
+                if c["result"] not in ("fail", "indeterminate", "capped"):
+                    continue
+                link = ""
+                if c["result"] == "fail" and r["queue"] not in KIT:
+                    script = repro.script(r["queue"], r["setting"], sc)
+                    link = (f" ([script]({script.relative_to(ROOT).as_posix()}))" if script
+                            else " (no standalone script yet)")
+                lines += [f"- {label}, `{sc}`: {w}" + (link if i == 0 else "")
+                          for i, w in enumerate(c["witness"])]
     return "\n".join(lines)
 
 
@@ -236,7 +363,7 @@ def page(result: dict[str, Any]) -> str:
         for r, m in marks(result))
     promises = "".join(
         f"<li><b>{e(r['queue'])} {e(star(r['setting']))}</b>: {e(r['promises'])}<br><small>"
-        + "; ".join(f"{e(k)}: {e(str(v))}" + (f" (<a href=\"{e(r['links'][k])}\">why</a>)"
+        + "; ".join(f"{e(k)}: {e(value(v))}" + (f" (<a href=\"{e(r['links'][k])}\">why</a>)"
                                             if k in r.get("links", {}) else "")
                     for k, v in r["settings"].items())
         + (f"<br>install: {e(r['install_hint'])}" if r.get("install_hint") else "")

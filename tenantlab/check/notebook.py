@@ -19,14 +19,14 @@ import pandas as pd
 from . import runner
 from .adapter import Adapter, Options, rows
 from .checks import OVERLAP_NOISE, Result, Trial
-from .matrix import applies, columns, marks, star
+from .matrix import LEGEND, applies, columns, marks, star, value
 from .scenarios import MEASURED, SCENARIOS
 
 STORED = Path(__file__).resolve().parents[2] / "docs" / "check.json"
 OVERLAP = "#000000"
 #: The live demonstration: a row whose late finish overwrote its new owner's job in the stored
-#: run, else the kit's own worker (which fences it out).
-DEMOS = ("procrastinate/recommended", "jobqueue/default")
+#: run (a takeover within the freeze), else the kit's own worker, scaled (which fences it out).
+DEMOS = ("procrastinate/recommended", "pgqueuer/scaled", "jobqueue/scaled")
 
 
 def demo() -> str:
@@ -43,6 +43,16 @@ def caption(result: dict[str, Any]) -> str:
     return (f"The stored run: `tenantlab check --runs {result.get('runs', 1)}` on PostgreSQL "
             f"{result['server_version']}, {result.get('date', '?')}, "
             f"{result.get('seconds', '?')} s for the whole matrix.")
+
+
+def legend(result: dict[str, Any] | None = None) -> str:
+    """Return what the rows and the marks mean, and the PgBouncer the run went through."""
+    result = result or load()
+    text = LEGEND
+    if (pb := result.get("pgbouncer")) is not None:
+        text += (f"\n\nPgBouncer {pb.get('version')} (pool_mode {pb.get('pool_mode')}, "
+                 f"max_prepared_statements {pb.get('max_prepared_statements')}).")
+    return text
 
 
 def stored(result: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -83,7 +93,7 @@ def settings(result: dict[str, Any] | None = None) -> pd.DataFrame:
     """Return what each row sets, one line per setting."""
     result = result or load()
     return pd.DataFrame([{"row": f"{r['queue']} {star(r['setting'])}", "setting": k,
-                          "value": str(v)} for r in result["rows"] for k, v in r["settings"].items()],
+                          "value": value(v)} for r in result["rows"] for k, v in r["settings"].items()],
                         columns=["row", "setting", "value"])
 
 

@@ -11,6 +11,7 @@ ended, the pooler and the cluster stopped and the database dropped before ``run`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -31,7 +32,7 @@ from psycopg.conninfo import make_conninfo
 from .. import db, queries
 from ..server import Server, free_port, home
 from . import history
-from .adapter import TERMINAL, Adapter, Options
+from .adapter import TERMINAL, Adapter, Options, Policy, policy_of
 from .checks import Fault, Job, Trial
 
 log = logging.getLogger("tenantlab")
@@ -199,7 +200,7 @@ class Context:
         self.workers.poll()
         try:
             self.states = {str(k): v for k, v in self.adapter.states(self.dsn).items()}
-        except (psycopg.Error, OSError) as e:  # a restarting or terminated server: look later
+        except Exception as e:  # a restarting or terminated server (any driver's error): later
             log.debug("states not read: %s", e)
             return
         self.trial.snapshots.append((time.time(), dict(self.states)))
@@ -338,8 +339,13 @@ def run(adapter: Adapter, scenario: Any, *, options: Options | None = None,
     ``template``: a database ``installed`` made for this adapter on the same server (not used
     for a scenario on a cluster of its own)."""
     options = options or Options()
-    trial = Trial(scenario.id, scenario.bound, time.time(), time.time(),
-                  max_attempts=options.max_attempts, lease=options.lease)
+    if scenario.pooler:
+        # The row's driver settings for a pooler (its docs'), on the workers' command line.
+        options = dataclasses.replace(options, extra={**options.extra, "pooler": True})
+    policy = policy_of(adapter, options)
+    trial = Trial(scenario.id, bound(scenario, policy), time.time(), time.time(),
+                  max_attempts=options.max_attempts, lease=options.lease, policy=policy,
+                  cap=scenario.bound)
     try:
         with contextlib.ExitStack() as stack:
             admin = dsn or db.admin_dsn()
@@ -356,6 +362,11 @@ def run(adapter: Adapter, scenario: Any, *, options: Options | None = None,
             os.chmod(tmp, 0o777)
             history_path = tmp / "history.jsonl"
             bouncer = stack.enter_context(_pooler(admin, scenario.pooler))
+            if bouncer is not None:
+                with contextlib.suppress(Exception):  # the notes only; the run goes on
+                    seen = bouncer.settings()
+                    trial.notes["pgbouncer"] = {k: seen.get(k) for k in (
+                        "version", "pool_mode", "default_pool_size", "max_prepared_statements")}
             worker_dsn = bouncer.through(scratch.admin) if bouncer is not None else scratch.admin
             workers = Workers(adapter.worker_command(worker_dsn, str(history_path), options), tmp,
                               trial, restart=scenario.restart)
@@ -371,6 +382,9 @@ def run(adapter: Adapter, scenario: Any, *, options: Options | None = None,
                 scenario.script(ctx)
             _settle(ctx)
             trial.end = time.time()
+            if scenario.id == "wake" and hasattr(adapter, "created"):
+                with contextlib.suppress(psycopg.Error):
+                    trial.notes["created"] = adapter.created(scratch.admin)
             trial.executions = ctx.executions()
             try:
                 trial.states = {str(k): v for k, v in adapter.states(scratch.admin).items()}
@@ -382,13 +396,56 @@ def run(adapter: Adapter, scenario: Any, *, options: Options | None = None,
     return trial
 
 
+def bound(scenario: Any, policy: Policy) -> float:
+    """The seconds a trial is watched: the scenario's cap, or less when the row's own settings
+    make its job final sooner (then that time with a margin: 15 %, and 5 s for workers to
+    start and polls to come round)."""
+    final = {"poison": policy.poison_final, "crash": policy.crash_final}.get(scenario.id)
+    if final is None:
+        return float(scenario.bound)
+    return min(float(scenario.bound), 1.15 * final + 5.0)
+
+
+def _looping(ctx: Context) -> bool:
+    """A poison or crash job already past its budget by more than two executions (or run five
+    times without a budget): the verdict is known, more looping adds nothing."""
+    trial = ctx.trial
+    if trial.scenario not in ("poison", "crash"):
+        return False
+    budget = trial.policy.budget
+    limit = (budget + 2) if budget is not None else 5
+    counts = history.by_job(ctx.executions())
+    return any(len(counts.get(j.id, [])) > limit for j in trial.jobs if j.kind == trial.scenario)
+
+
+def _nothing_before_the_cap(ctx: Context) -> bool:
+    """A crash job whose every execution has died, the jobs beside it final, and the row's own
+    timeout putting its next run past the cap: by its settings nothing more happens in this
+    trial (the verdict is read now; the witness says when its settings would act)."""
+    trial = ctx.trial
+    if trial.scenario != "crash":
+        return False
+    crash = {j.id for j in trial.jobs if j.kind == "crash"}
+    if any(ctx.states.get(j.id) not in TERMINAL for j in trial.jobs if j.id not in crash):
+        return False
+    runs = [e for e in ctx.executions() if e.job in crash]
+    alive = set(ctx.workers.pids())
+    if not runs or any(e.end is None and e.pid in alive for e in runs):
+        return False
+    timeout = trial.policy.timeout
+    return timeout is None or max(e.start for e in runs) + timeout > trial.t0 + trial.bound
+
+
 def _settle(ctx: Context) -> None:
-    """Wait until every job is final and no body is still running, or the bound has passed."""
+    """Wait until every job is final and no body is still running, or the bound has passed (or
+    a safety job is already looping past its budget)."""
     trial = ctx.trial
     if not trial.jobs:
         return
 
     def quiet() -> bool:
+        if _looping(ctx) or _nothing_before_the_cap(ctx):
+            return True
         if not ctx.terminal():
             return False
         alive = set(ctx.workers.pids())

@@ -35,7 +35,7 @@ class KitRow:
     links: dict[str, str] = field(default_factory=dict)
     promises: str = ""
     install_hint: str = "part of tenantlab"
-    features: frozenset[str] = frozenset({"tenant-hook", "attempts"})
+    features: frozenset[str] = frozenset({"tenant-hook", "attempts", "pgbouncer"})
 
     def version(self) -> str | None:
         return f"tenantlab {__version__}"
@@ -53,6 +53,9 @@ class KitRow:
     def states(self, dsn: str) -> dict[str, State]:
         return states(dsn)
 
+    def created(self, dsn: str) -> dict[str, float]:
+        return created(dsn)
+
 
 def install(dsn: str) -> None:
     """Nothing to do: the template's clone already holds the queue's tables."""
@@ -68,6 +71,14 @@ def states(dsn: str) -> dict[str, State]:
     with db.connect(dsn, "suite states", autocommit=True) as conn:
         rows = conn.execute("select id::text, status from jobqueue.jobs").fetchall()
     return {job: STATES.get(status, "queued") for job, status in rows}
+
+
+def created(dsn: str) -> dict[str, float]:
+    """Each job's insert on the server's clock (``created`` is ``clock_timestamp()``)."""
+    with db.connect(dsn, "suite created", autocommit=True) as conn:
+        rows = conn.execute("select id::text, extract(epoch from created)::float8"
+                            " from jobqueue.jobs").fetchall()
+    return {job: float(t) for job, t in rows}
 
 
 def python(module: str, dsn: str, history: str, *args: str) -> list[str]:

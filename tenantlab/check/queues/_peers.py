@@ -33,6 +33,18 @@ from ..adapter import Options, Setting
 EXTRA = "check"  # the kit's optional extra that pins the peers' versions
 
 
+#: The suite's longest job (the overrun job, 2.5 leases of 2 s): the recommended rows size the
+#: timers their docs tie to "the longest job plus a margin" from it.
+LONGEST_JOB = 5.0
+MARGIN = 3.0
+
+
+def quoted(value: Any, url: str, quote: str) -> dict[str, Any]:
+    """A recommended setting with where its docs say so: ``{"value", "source": {"url",
+    "quote"}}`` (the quote verbatim from the page)."""
+    return {"value": value, "source": {"url": url, "quote": quote}}
+
+
 def install_hint(*requirements: str) -> str:
     """Say how to install a peer: the kit's extra, or the library on its own."""
     return f"pip install 'tenantlab[{EXTRA}]'  (or: pip install {' '.join(requirements)})"
@@ -49,7 +61,7 @@ class Peer:
     promises: str
     install_hint: str
     distribution: str = ""
-    features: frozenset[str] = field(default_factory=lambda: frozenset({"attempts"}))
+    features: frozenset[str] = field(default_factory=lambda: frozenset({"attempts", "event-loop"}))
 
     def version(self) -> str | None:
         """The installed version of the library, None when it is not installed."""
@@ -64,7 +76,8 @@ class Peer:
                 "--dsn", dsn, "--setting", self.setting, "--lease", str(options.lease),
                 "--max-attempts", str(options.max_attempts),
                 "--concurrency", str(options.concurrency), "--poll", str(options.poll),
-                *(["--retry", str(options.extra["retry"])] if "retry" in options.extra else [])]
+                *(["--retry", str(options.extra["retry"])] if "retry" in options.extra else []),
+                *(["--pooler"] if options.extra.get("pooler") else [])]
 
     def worker_command(self, dsn: str, history: str, options: Options) -> list[str]:
         return [*self.command("worker", dsn, options), "--history", history]
@@ -79,12 +92,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("role", choices=("worker", "maintenance"))
     p.add_argument("--dsn", required=True)
     p.add_argument("--history", default="")
-    p.add_argument("--setting", choices=("default", "recommended"), default="default")
+    p.add_argument("--setting", choices=("default", "scaled", "recommended"), default="default")
     p.add_argument("--lease", type=float, default=Options.lease)
     p.add_argument("--max-attempts", type=int, default=Options.max_attempts)
     p.add_argument("--concurrency", type=int, default=Options.concurrency)
     p.add_argument("--poll", type=float, default=Options.poll)
     p.add_argument("--retry", default=None, help="procrastinate only: the task's retry value")
+    p.add_argument("--pooler", action="store_true",
+                   help="the DSN leads to PgBouncer in transaction mode: the driver settings "
+                        "its docs give for a pooler")
     args = p.parse_args(argv)
     if args.role == "worker" and not args.history:
         p.error("a worker needs --history")
@@ -141,3 +157,9 @@ def run[T](make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     if err:
         raise err[0]
     return out[0]
+
+
+def three_rows(base: dict[str, Any], scaled: dict[str, Any],
+              recommended: dict[str, Any]) -> list[tuple[Setting, dict[str, Any]]]:
+    """The three rows of a peer: ★, scaled, recommended, each with its settings."""
+    return [("default", base), ("scaled", scaled), ("recommended", recommended)]

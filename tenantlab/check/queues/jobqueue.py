@@ -1,12 +1,14 @@
-"""The kit's corrected worker (the ``jobqueue`` distribution) with its defaults, as a checked row.
+"""The kit's corrected worker (the ``jobqueue`` distribution) as checked rows: ★ and scaled.
 
 Installed as an application installs it: ``jobqueue migrate`` on the trial's database (the
 lab's tables in the schema jobqueue dropped first), the README's grants for the worker role.
-The scenario's lease (2 s) replaces the default 30 s; everything else is the default: the
-heartbeat every third of the lease, fenced start and finish, backoff, and the reaper every
-second with its grace equal to the lease (the defaults are 30 s and 30 s). Its worker process is
-``python -m jobqueue worker`` with this module's handlers, which run the suite's
-bodies: ``python -m tenantlab.check.queues.jobqueue --dsn DSN --history FILE [worker flags]``.
+★ is its true defaults: lease 30 s, the heartbeat every third of the lease, fenced start and
+finish, backoff 1 s doubling (jitter 0.75..1.25), polls every 0.5 s, and the reaper at its
+defaults (grace 30 s past the lease, a run every 5 s). ``scaled`` sets the lease and the
+reaper's grace to the scenario's lease (2 s), as every queue's scaled row does with its own
+timers, and runs the reaper every second. Its worker process is ``python -m jobqueue worker``
+with this module's handlers, which run the suite's bodies: ``python -m
+tenantlab.check.queues.jobqueue --dsn DSN --history FILE [worker flags]``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from jobqueue import cli as jobqueue_cli
 from ... import db
 from ...worker import worker_dsn
 from .. import bodies
-from ..adapter import Adapter, Options
+from ..adapter import Adapter, Options, Policy
 from . import _kit
 
 #: The history file, set by main() on this module as imported by name (it runs as __main__, and
@@ -43,12 +45,22 @@ for _kind in bodies.KINDS:
     handlers.add(_kind, _body)
 
 
+#: The defaults this row's ★ runs (Leased, WorkerOptions and ReaperConfig defaults).
+LEASE, POLL, BACKOFF, GRACE, REAP_EVERY = 30.0, 0.5, 1.0, 30.0, 5.0
+
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "lease": "30 s (default)", "heartbeat": "a third of the lease (default)",
+    "backoff": "1 s, doubling, jitter 0.75..1.25 (default)", "poll": "0.5 s (default)",
+    "fence": "on (always)", "reaper": "reap --loop 5 (default grace 30 s past the lease)"}
+SCALED_SETTINGS: dict[str, Any] = {
+    **DEFAULT_SETTINGS, "lease": "the scenario's lease (2 s)",
+    "reaper": "reap --loop 1 --grace <lease> (grace scaled to the lease)"}
+
+
 @dataclass
 class JobQueue(_kit.KitRow):
     name: str = "jobqueue"
-    settings: dict[str, Any] = field(default_factory=lambda: {
-        "lease": "the scenario's (2 s; default 30 s)", "heartbeat": "a third of the lease (default)",
-        "fence": "on (always)", "reaper": "reap --loop 1 --grace <lease> (default grace = lease)"})
+    settings: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_SETTINGS))
     links: dict[str, str] = field(default_factory=lambda: {
         "heartbeat": "notebooks/05-lease-overrun.ipynb",
         "reaper": "notebooks/04-worker-crash.ipynb"})
@@ -59,17 +71,36 @@ class JobQueue(_kit.KitRow):
         """``jobqueue migrate`` as the owner role, on the product's schema alone."""
         db.install_product(dsn)
 
+    def _timers(self, options: Options) -> tuple[float, float, float]:
+        """(lease, reaper grace, reaper interval) of this row."""
+        if self.setting == "scaled":
+            return options.lease, options.lease, 1.0
+        return LEASE, GRACE, REAP_EVERY
+
     def worker_command(self, dsn: str, history: str, options: Options) -> list[str]:
-        return _kit.python(MODULE, dsn, history, "--lease", str(options.lease),
-                           "--poll", str(options.poll))
+        lease, _, _ = self._timers(options)
+        return _kit.python(MODULE, dsn, history, "--lease", f"{lease:g}", "--poll", f"{POLL:g}")
 
     def maintenance_command(self, dsn: str, options: Options) -> list[str] | None:
+        _, grace, every = self._timers(options)
         return [sys.executable, "-m", "jobqueue", "reap", "--dsn", worker_dsn(dsn),
-                "--loop", "1", "--grace", str(options.lease)]
+                "--loop", f"{every:g}", "--grace", f"{grace:g}"]
+
+    def policy(self, options: Options) -> Policy:
+        """max_attempts executions; a poison job retried after 1 s, 2 s, ... (at most x1.25),
+        each retry seen within a poll; a crashed attempt re-claimed once its lease runs out,
+        the last one reaped dead grace + one reaper interval after its lease."""
+        lease, grace, every = self._timers(options)
+        n = options.max_attempts
+        retries = sum(BACKOFF * 2 ** i * 1.25 for i in range(n - 1))
+        return Policy(budget=n, timeout=lease, poison_final=retries + n * POLL,
+                      crash_final=n * (lease + POLL) + grace + every, poll=POLL,
+                      basis=f"max_attempts {n}, lease {lease:g} s, backoff 1 s doubling, "
+                            f"reaper grace {grace:g} s every {every:g} s")
 
 
 def rows() -> list[Adapter]:
-    return [JobQueue()]
+    return [JobQueue(), JobQueue(setting="scaled", settings=dict(SCALED_SETTINGS))]
 
 
 def main(argv: list[str] | None = None) -> int:

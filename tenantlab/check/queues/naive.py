@@ -17,7 +17,7 @@ from jobqueue import Outcome, WorkerOptions, stop_on_signals
 
 from ...queue import SingleTransaction
 from ...worker import LabWorker
-from ..adapter import Adapter, Options
+from ..adapter import Adapter, Options, Policy
 from . import _kit
 
 
@@ -44,6 +44,13 @@ class Naive(_kit.KitRow):
 
     def worker_command(self, dsn: str, history: str, options: Options) -> list[str]:
         return _kit.python("tenantlab.check.queues.naive", dsn, history, "--poll", str(options.poll))
+
+    def policy(self, options: Options) -> Policy:
+        """No budget: the count rolls back with the failed work, so nothing ends a failing or
+        crashing job; the row lock is the claim, so no takeover."""
+        return Policy(budget=None, timeout=None, poison_final=None, crash_final=None,
+                      poll=options.poll, basis="no error handler: an attempt's count rolls back "
+                      "with its work")
 
 
 def rows() -> list[Adapter]:
