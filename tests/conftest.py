@@ -69,6 +69,7 @@ LONGEST_FIRST = ("test_browser.py", "test_overrun.py", "test_horizon.py", "test_
                  "test_workers.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under `--dist loadgroup` (`make test`), keep each file on one worker (its module fixtures
     set up once, its tests in their order), and hand out the longest files first (the order
