@@ -73,7 +73,7 @@ lab: $(LAB_STAMP)
 # TEST_WORKERS=0: one process; the default with TENANTLAB_DATABASE_URL, a server they would share.
 TEST_WORKERS ?= $(if $(TENANTLAB_DATABASE_URL),0,2)
 test: $(DEV_STAMP)
-	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # Every finding five times: the README's matrix and FINDINGS.md state the ranges of this run.
 REPEAT ?= 5

@@ -69,14 +69,10 @@ LONGEST_FIRST = ("test_browser.py", "test_overrun.py", "test_horizon.py", "test_
                  "test_workers.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `--dist loadgroup` (`make test`), keep each file on one worker (its module fixtures
-    set up once, its tests in their order), and hand out the longest files first (the order
-    xdist's controller reads from the workers' collections, with --no-loadscope-reorder)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
+    """Under pytest-xdist (`make test`: --dist loadfile, each file on one worker), hand out the
+    longest files first: the order xdist's controller reads from the workers' collections
+    (with --no-loadscope-reorder)."""
     if hasattr(config, "workerinput"):
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
