@@ -10,8 +10,8 @@ is one that git does not track.
 
 JupyterLab calls ``post_save`` (``ContentsManager.post_save_hook``): ``tenantlab lab`` (``make
 lab``, the conda steps) and docker compose's lab service configure it. nbconvert (``jupyter
-nbconvert --execute --inplace``) calls ``NbconvertPostSave`` after it writes a notebook: ``make``
-configures it in the environment (``python -m tenantlab.gitsave``). It never fails a save:
+nbconvert --execute --inplace``) calls ``tenantlab.nbconvert_hook`` after it writes a notebook:
+``make`` configures it in the environment (``python -m tenantlab.gitsave``). It never fails a save:
 without git, a checkout or the filter, nothing happens.
 """
 
@@ -49,23 +49,12 @@ def refresh(path: Path) -> bool:
         return False
 
 
-class NbconvertPostSave:
-    """nbconvert's postprocessor (``NbConvertApp.postprocessor_class``): after it writes a
-    notebook (``--inplace`` over a tracked one), the same refresh as after a JupyterLab save."""
-
-    def __init__(self, **_: Any) -> None:
-        pass  # nbconvert passes its application as `parent`: nothing to configure
-
-    def __call__(self, written: str) -> None:
-        refresh(Path(written))
-
-
 #: The setting, in the environment's nbconvert configuration (sys.prefix/etc/jupyter).
 NBCONVERT_KEY = ("NbConvertApp", "postprocessor_class")
 
 
 def install(prefix: Path | None = None) -> Path:
-    """Make nbconvert in this environment call NbconvertPostSave (its other settings kept);
+    """Make nbconvert in this environment call tenantlab.nbconvert_hook (its other settings kept);
     return the configuration file written."""
     path = (prefix or Path(sys.prefix)) / "etc" / "jupyter" / "jupyter_nbconvert_config.json"
     try:
@@ -73,7 +62,7 @@ def install(prefix: Path | None = None) -> Path:
     except (OSError, ValueError):
         config = {}
     section, key = NBCONVERT_KEY
-    config.setdefault(section, {})[key] = "tenantlab.gitsave.NbconvertPostSave"
+    config.setdefault(section, {})[key] = "tenantlab.nbconvert_hook.PostSave"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return path
