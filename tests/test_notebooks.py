@@ -43,10 +43,10 @@ def test_start_here_runs_top_to_bottom(admin_dsn: str, tmp_path: Path) -> None:
 
 def test_a_notebook_saved_in_place_by_nbconvert_leaves_git_status_clean(tmp_path: Path) -> None:
     """`jupyter nbconvert --execute --inplace` saves a run into a tracked notebook; with the
-    environment's postprocessor (`make`: tenantlab.gitsave) git sees it unchanged. The run's
+    environment's postprocessor (`make`: tenantlab.nbconvert_hook) git sees it unchanged. The run's
     additions are written first (no kernel needed), then nbconvert saves the notebook in place."""
     config = Path(sys.prefix) / "etc" / "jupyter" / "jupyter_nbconvert_config.json"
-    assert "tenantlab.gitsave" in (config.read_text() if config.exists() else ""), (
+    assert "tenantlab.nbconvert_hook" in (config.read_text() if config.exists() else ""), (
         f"{config}: nbconvert's post-save refresh is not configured; run `make venv`")
     _, checkout = clone_with_filter(tmp_path)
     name = "notebooks/08-rls-on-the-jobs-table.ipynb"
