@@ -56,11 +56,13 @@ $(DEV_STAMP): $(LAB_STAMP) requirements-dev.lock
 	@touch $(DEV_STAMP)
 
 # Git sees notebooks as stored (.gitattributes names the filter): what JupyterLab ran and saved
-# neither shows in `git diff` nor blocks a `git pull`. tools/setup_git_filter.sh (docker compose
+# neither shows in `git diff` nor blocks a `git pull`; nbconvert's saves (`--execute --inplace`)
+# get the same post-save refresh as JupyterLab's (tenantlab/gitsave.py). tools/setup_git_filter.sh (docker compose
 # and the conda steps use it too) configures tools/strip_outputs.py, which needs only python3.
 .PHONY: strip-outputs
 strip-outputs:
 	@sh tools/setup_git_filter.sh
+	@if [ -x $(PY) ]; then $(PY) -m tenantlab.gitsave; fi
 
 venv: $(DEV_STAMP)
 
@@ -72,7 +74,7 @@ lab: $(LAB_STAMP)
 # TEST_WORKERS=0: one process; the default with TENANTLAB_DATABASE_URL, a server they would share.
 TEST_WORKERS ?= $(if $(TENANTLAB_DATABASE_URL),0,2)
 test: $(DEV_STAMP)
-	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-jobqueue
 
 # The queue's own suite (jobqueue/tests), on databases its own `migrate` makes, on the kit's

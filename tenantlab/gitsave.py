@@ -9,13 +9,17 @@ time, and the stored content stays what it was. A notebook with a real edit is l
 is one that git does not track.
 
 JupyterLab calls ``post_save`` (``ContentsManager.post_save_hook``): ``tenantlab lab`` (``make
-lab``, the conda steps) and docker compose's lab service configure it. It never fails a save:
+lab``, the conda steps) and docker compose's lab service configure it. nbconvert (``jupyter
+nbconvert --execute --inplace``) calls ``tenantlab.nbconvert_hook`` after it writes a notebook:
+``make`` configures it in the environment (``python -m tenantlab.gitsave``). It never fails a save:
 without git, a checkout or the filter, nothing happens.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +47,26 @@ def refresh(path: Path) -> bool:
                 and git("add", "--", path.name) == 0)  # so this stages nothing, only the stat
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+#: The setting, in the environment's nbconvert configuration (sys.prefix/etc/jupyter).
+NBCONVERT_KEY = ("NbConvertApp", "postprocessor_class")
+
+
+def install(prefix: Path | None = None) -> Path:
+    """Make nbconvert in this environment call tenantlab.nbconvert_hook (its other settings kept);
+    return the configuration file written."""
+    path = (prefix or Path(sys.prefix)) / "etc" / "jupyter" / "jupyter_nbconvert_config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        config = {}
+    section, key = NBCONVERT_KEY
+    config.setdefault(section, {})[key] = "tenantlab.nbconvert_hook.PostSave"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    print(f"nbconvert: a notebook it saves in place stays unchanged for git ({install()})")

@@ -4,12 +4,15 @@ run and saved in a checkout with `make`'s filter, it leaves `git status` clean a
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from notebooks import NOTEBOOKS, pull_after_save, run_clean
+from notebooks import NOTEBOOKS, clone_with_filter, git, pull_after_save, run_clean
 
 
 def test_notebooks_are_stored_without_outputs() -> None:
@@ -36,3 +39,30 @@ def test_start_here_runs_top_to_bottom(admin_dsn: str, tmp_path: Path) -> None:
     first_code = next(c for c in nb.cells if c.cell_type == "code")
     assert nb.metadata.language_info.get("version") and "execution" in first_code.metadata
     assert pull_after_save(tmp_path, "00-start-here.ipynb", nbformat.writes(nb) + "\n") == ""
+
+
+def test_a_notebook_saved_in_place_by_nbconvert_leaves_git_status_clean(tmp_path: Path) -> None:
+    """`jupyter nbconvert --execute --inplace` saves a run into a tracked notebook; with the
+    environment's postprocessor (`make`: tenantlab.nbconvert_hook) git sees it unchanged. The run's
+    additions are written first (no kernel needed), then nbconvert saves the notebook in place."""
+    config = Path(sys.prefix) / "etc" / "jupyter" / "jupyter_nbconvert_config.json"
+    assert "tenantlab.nbconvert_hook" in (config.read_text() if config.exists() else ""), (
+        f"{config}: nbconvert's post-save refresh is not configured; run `make venv`")
+    _, checkout = clone_with_filter(tmp_path)
+    name = "notebooks/08-rls-on-the-jobs-table.ipynb"
+    nb = nbformat.read(checkout / name, as_version=4)
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.execution_count = 1
+    code.outputs = [nbformat.v4.new_output("stream", name="stdout", text="what a run printed\n")]
+    nb.metadata["language_info"] = {"name": "python", "version": "3.12.0"}
+    nbformat.write(nb, checkout / name)
+    # Without the refresh: "modified" for git status (the size changed), nothing for git diff.
+    assert git(checkout, "status", "--porcelain") == f" M {name}\n"
+    assert git(checkout, "diff", "--", name) == ""
+    nbconvert = Path(sys.executable).parent / "jupyter-nbconvert"
+    done = subprocess.run([str(nbconvert), "--to", "notebook", "--inplace", name],
+                          cwd=checkout, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter")})
+    assert done.returncode == 0, done.stderr
+    assert "what a run printed" in (checkout / name).read_text()  # the run stays in the file
+    assert git(checkout, "status", "--porcelain") == ""
