@@ -319,12 +319,14 @@ def _sleeping(admin: psycopg.Connection, proc: subprocess.Popen, app: str, state
 
     Then the handler sleeps: whatever its transaction holds, it holds until the finish.
     """
-    want = as_sent(q(statement))
+    # The handler's statement up to its first parameter: jobqueue runs handlers with
+    # client-side binding, so pg_stat_activity shows the values where $1, $2 would be.
+    want = as_sent(q(statement)).split("$", 1)[0]
     deadline = time.monotonic() + timeout
     while True:
         row = _session(admin, app)
         if (row is not None and row["state"] == "idle in transaction"
-                and (row["query"] or "").strip().rstrip(";") == want):
+                and (row["query"] or "").strip().startswith(want)):
             return row
         if proc.poll() is not None:
             _, err = proc.communicate()

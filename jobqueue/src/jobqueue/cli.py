@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -50,7 +51,7 @@ from .preflight import check_dsn, connect, connect_checked, diagnose, one_line, 
 from .reaper import Reaper, ReaperConfig, prune
 
 __all__ = ["DSN_ENV", "add_ops_commands", "add_reap_flags", "cmd_reap", "load_handlers", "main",
-           "parser"]
+           "parser", "tenant_arg"]
 
 PROG = f"python -m {__package__}"
 DSN_ENV = "JOBQUEUE_DSN"
@@ -186,10 +187,18 @@ def json_object(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"payload must be JSON, not {text!r} ({e})") from None
 
 
+def tenant_arg(text: str) -> int | str:
+    """Return the tenant id as given: a number only when it reads back the same, so that
+    ``007`` (another tenant than 7 on a text install) is kept as written."""
+    if text.lstrip("-").isdigit() and str(int(text)) == text:
+        return int(text)
+    return text
+
+
 def cmd_enqueue(args: argparse.Namespace) -> int:
     """Queue one job (its own transaction); print its id."""
     known = load_handlers(args.handlers) if args.handlers else None
-    tenant: int | str = int(args.tenant) if args.tenant.lstrip("-").isdigit() else args.tenant
+    tenant = tenant_arg(args.tenant)
     with connect_checked(args.dsn, "enqueue") as conn:
         try:
             job = enqueue(conn, args.kind, tenant=tenant, payload=args.payload,
@@ -306,6 +315,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``show`` prints at most this much of a payload (``--json`` prints it whole).
+SHOWN_PAYLOAD = 2000
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     with _ops_conn(args) as conn:
         job = ops.show(conn, args.id)
@@ -319,7 +332,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"; runs in {ops.age((job['run_after'] - now).total_seconds())}"
     print(f"  created {ops.ago(job['created'], now)}{wait}; finished "
           f"{ops.ago(job['finished'], now)}")
-    print(f"  payload {json.dumps(job['payload'], default=str)}")
+    payload = json.dumps(job["payload"], default=str)
+    if len(payload) > SHOWN_PAYLOAD:  # a 10 MB payload is not a terminal's business
+        payload = (f"{payload[:SHOWN_PAYLOAD]}... ({len(payload):,} characters; --json shows "
+                   "it whole)")
+    print(f"  payload {payload}")
     if job["last_error"]:
         print(f"  last error: {ops.first_line(job['last_error'], 200)}")
     if job["attempts"]:
@@ -499,6 +516,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG} {args.command}: {e}", file=sys.stderr)
         return w.EXIT_CRASHED
     except KeyboardInterrupt:
+        # A second stop signal (or an interrupt a handler raised): said, not silent. A job in
+        # hand is not lost: its lease runs out and it is retried, counted.
+        logging.getLogger("jobqueue").warning(
+            "%s %s stopped at once (interrupted): a job it held runs again once its lease runs "
+            "out", PROG, args.command)
         return 130
 
 

@@ -52,6 +52,7 @@ from .jobs import (
     Claim,
     ConfigError,
     Events,
+    JobQueueError,
     LeaseLost,
     NullEvents,
     Outcome,
@@ -224,7 +225,7 @@ class Leased:
                     fn = work or self.handlers.lookup(claim)
                     self.hooks.before_start(claim)
                     with client_binding(conn):
-                        result = fn(conn, claim)
+                        result = call_handler(fn, conn, claim)
                     # The heartbeat covers the work only: released before the finish, a beat
                     # can never run into this attempt's own completion and call it lost.
                     self.release(claim)
@@ -262,9 +263,10 @@ class Leased:
 
     def _start(self, conn: psycopg.Connection, claim: Claim) -> bool:
         """Start the job (tenant set locally) if it is still this attempt's; False: fenced."""
-        with conn.pipeline():
-            cur = conn.execute(*self.start_query(claim))
-            release_snapshot(conn)
+        # Bound client-side, sent by the simple protocol: no portal (and no snapshot) stays
+        # open while the handler runs, in one round trip; and the server's
+        # idle_in_transaction_session_timeout keeps working (after a pipeline it does not).
+        cur = psycopg.ClientCursor(conn).execute(*self.start_query(claim))
         return self._started(claim, cur.fetchone())
 
     def _started(self, claim: Claim, row: Any) -> bool:
@@ -402,7 +404,7 @@ class Leased:
                     fn = self.handlers.lookup(c)
                     self.hooks.before_start(c)
                     with client_binding(conn):
-                        result = fn(conn, c)
+                        result = call_handler(fn, conn, c)
                     self.release(c)
                     nxt = claims[i + 1] if i + 1 < len(claims) else None
                     with conn.pipeline():
@@ -475,6 +477,32 @@ class Leased:
 #: queue's index scans) for its whole run, with no transaction id to show for it. CLOSE ALL
 #: takes the unnamed portal's place and closes the rest: it holds no snapshot of its own.
 RELEASE_SNAPSHOT = "close all"
+
+
+def call_handler(fn: Handler | Work, conn: psycopg.Connection, claim: Claim) -> Any:
+    """Call the handler; its ``SystemExit`` is the job's error, not the worker's end.
+
+    A handler that calls ``sys.exit()`` (or a library that does) would otherwise stop the
+    worker with that status and no log line, and a supervisor would not restart it on 0.
+    """
+    try:
+        result = fn(conn, claim)
+    except SystemExit as e:
+        raise HandlerExit(f"the handler of job {claim.id} ({claim.kind}) raised "
+                          f"SystemExit({e.code!r}): a handler may not end the worker") from e
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        # A raw COMMIT (or ROLLBACK) ended the work's transaction: what the handler wrote before
+        # it is committed whatever the fence says next. Not hidden: the attempt fails, and the
+        # README's handler rules say why a handler never ends its transaction.
+        raise HandlerExit(f"the handler of job {claim.id} ({claim.kind}) ended the work's "
+                          "transaction (a COMMIT or ROLLBACK of its own): its writes escaped "
+                          "the fence; a handler leaves the transaction to the worker")
+    return result
+
+
+class HandlerExit(JobQueueError):
+    """A handler raised SystemExit or ended the work's transaction: the job fails (counted);
+    the worker goes on."""
 
 
 @contextmanager

@@ -76,7 +76,11 @@ class Reaper:
             }).fetchall()
         reaped.sort(key=lambda r: r["id"])
         for job in reaped:
-            log.info("reaped job %s at attempt %s: %s", job["id"], job["attempts"], job["status"])
+            # A dead job is an outcome an operator must hear about (at ERROR, as a worker logs
+            # one): its lease ran out with its attempts spent. A requeued one is a warning.
+            log.log(logging.ERROR if job["status"] == "dead" else logging.WARNING,
+                    "reaped job %s (tenant %s) at attempt %s: %s, its lease ran out", job["id"],
+                    job.get("tenant_id"), job["attempts"], job["status"])
             self.events.emit("reap", job=job["id"], attempt=job["attempts"], status=job["status"])
         return reaped
 

@@ -23,7 +23,9 @@ import logging
 import math
 import os
 import random
+import secrets
 import signal
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,7 +54,16 @@ PRESENCE_TTL = 60.0
 
 #: What "the server is gone" looks like: a restart, a dropped connection, or after a failover a
 #: host that is now a read-only standby. The worker reconnects; anything else is a bug.
-LOST = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction)
+#: The server ending the session on its side is an outage too: an idle-in-transaction or a
+#: transaction timeout (25P03, 25P04, raised as InternalError), an administrator's or a
+#: shutdown's termination (class 57P: OperationalError).
+LOST = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction,
+        psycopg.errors.IdleInTransactionSessionTimeout, psycopg.errors.TransactionTimeout)
+#: A statement that fails this many times in a row on a healthy connection is not a passing
+#: trouble: the worker stops (exit 2) with its cause instead of "trying again" for ever.
+#: Errors of configuration (a grant revoked, a table or column missing: SQLSTATE class 42)
+#: stop it sooner.
+MAX_FAILED_ROUNDS, MAX_FAILED_ROUNDS_CONFIG = 30, 3
 
 
 class ServerLost(JobQueueError):
@@ -108,7 +119,9 @@ class Worker:
             raise ConfigError("hooks belong to the queue: pass them to the Leased given as queue")
         self.dsn = dsn
         self.options = o = options or WorkerOptions()
-        self.name = o.name or f"worker-{os.getpid()}"
+        # Host, pid and a few random letters: in containers every worker is pid 1 or 7.
+        self.name = o.name or (
+            f"worker-{socket.gethostname()[:20]}-{os.getpid()}-{secrets.token_hex(2)}")
         self.events = events or NullEvents(self.name)
         self.queue = queue or Leased(handlers, lease=o.lease, backoff=o.backoff,
                                      heartbeat=o.heartbeat_setting(),
@@ -177,6 +190,7 @@ class Worker:
         if presence is not None:
             presence.touch(conn, start=presence.last == -math.inf)
         idle = False
+        failed = 0  # rounds in a row that failed on a healthy connection
         pending: list[Claim] = []
         # Jobs already claimed (with the last finish) are part of the current job: run them
         # even when a stop was asked for meanwhile.
@@ -193,10 +207,25 @@ class Worker:
                 # A statement failed on a healthy connection (a claim that hit a statement or
                 # lock timeout): not the server going away. The jobs in hand, if any, are let
                 # go; their leases run out and they are retried, counted.
-                log.warning("%s: %s; trying again", self.name, error_text(e))
+                failed += 1
+                limit = (MAX_FAILED_ROUNDS_CONFIG if (e.sqlstate or "").startswith("42")
+                         else MAX_FAILED_ROUNDS)
+                if failed >= limit:
+                    raise ConfigError(f"{self.name}: the same statement failed {failed} times in "
+                                      f"a row on a working connection: {error_text(e)} (check "
+                                      "the grants, the migrations and the schedules)") from e
+                log.warning("%s: %s; trying again (%d of %d)", self.name, error_text(e),
+                            failed, limit)
                 pending = []
                 self._sleep(1.0)
                 continue
+            failed = 0
+            if listening and outcomes:
+                # Busy, the worker never waits for a NOTIFY: psycopg would keep every one that
+                # came in meanwhile (memory growing with the enqueues). Dropped here: the next
+                # claim looks at the table anyway.
+                for _ in conn.notifies(timeout=0):
+                    pass
             pending = outcomes[-1].claimed if outcomes else []
             if not outcomes:
                 if o.until_empty:
@@ -288,6 +317,12 @@ class Worker:
 
 
 def stop_on_signals(worker: Any) -> None:
-    """Let SIGTERM and SIGINT stop `worker` after its current job (a second one at once)."""
+    """Let SIGTERM, SIGINT and SIGHUP stop `worker` after its current job (a second one at once).
+
+    SIGHUP (a closed terminal, a supervisor's reload) would otherwise end the process at once,
+    silently, mid-job (exit 129).
+    """
     signal.signal(signal.SIGTERM, worker.stop)
     signal.signal(signal.SIGINT, worker.stop)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, worker.stop)
