@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -276,33 +277,31 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
-    dsn = db.admin_dsn()
-    host = conninfo_to_dict(dsn).get("host", "")
-    found = db.uninstall(dsn, dry_run=True)
-    if not found:
-        print(f"nothing of tenantlab's on {host}")
-        return 0
-    if not args.yes:
-        print(f"would remove from {host}:", *found, sep="\n  ")
-        print("run `tenantlab uninstall --yes` to remove them")
-        return 1
-    for item in db.uninstall(dsn):
-        print(f"removed {item}")
-    return 0
+    return _list_or_remove(args.yes, lambda dsn, dry: db.uninstall(dsn, dry_run=dry),
+                           "nothing of tenantlab's on {host}", "tenantlab uninstall --yes")
 
 
 def cmd_clean_scratch(args: argparse.Namespace) -> int:
+    return _list_or_remove(args.yes,
+                           lambda dsn, dry: db.clean_scratch(dsn, dry_run=dry, every=args.all),
+                           "no leftover scratch databases or exercise roles on {host}",
+                           "tenantlab clean-scratch --yes")
+
+
+def _list_or_remove(yes: bool, act: Callable[[str, bool], list[str]], nothing: str,
+                    command: str) -> int:
+    """List what `act` would remove (exit 1), or remove it with --yes (exit 0); 0 if none."""
     dsn = db.admin_dsn()
     host = conninfo_to_dict(dsn).get("host", "")
-    found = db.clean_scratch(dsn, dry_run=True, every=args.all)
+    found = act(dsn, True)
     if not found:
-        print(f"no leftover scratch databases or exercise roles on {host}")
+        print(nothing.format(host=host))
         return 0
-    if not args.yes:
+    if not yes:
         print(f"would remove from {host}:", *found, sep="\n  ")
-        print("run `tenantlab clean-scratch --yes` to remove them")
+        print(f"run `{command}` to remove them")
         return 1
-    for item in db.clean_scratch(dsn, every=args.all):
+    for item in act(dsn, False):
         print(f"removed {item}")
     return 0
 
