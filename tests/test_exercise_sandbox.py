@@ -171,7 +171,7 @@ def test_a_hostile_answer_does_no_harm(admin_dsn: str, victims: dict[str, psycop
     made: list[str] = []
     create = _sandbox._create_role
     monkeypatch.setattr(_sandbox, "_create_role",
-                        lambda admin, role, pw: (made.append(role), create(admin, role, pw)))
+                        lambda admin, role, *rest: (made.append(role), create(admin, role, *rest)))
     before = fingerprint(admin_dsn)
     outcome = exercises.get(ex_id).check(answer)
     after = fingerprint(admin_dsn)

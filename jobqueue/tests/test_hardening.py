@@ -86,6 +86,17 @@ def test_the_server_ending_a_session_mid_job_is_an_outage_not_a_crash(scratch: S
     assert _state(conn, job)[:2] == ("done", 2)
 
 
+def test_a_session_ended_by_a_server_timeout_reads_as_lost() -> None:
+    """The worker above recovers even without this (its transaction's rollback on the closed
+    connection raises an OperationalError); where the timeout's own error surfaces, it must read
+    as an outage too: 25P03 and 25P04 are InternalError, not OperationalError, in psycopg."""
+    from jobqueue import worker as w
+
+    for error in (psycopg.errors.IdleInTransactionSessionTimeout,
+                  psycopg.errors.TransactionTimeout, psycopg.errors.AdminShutdown):
+        assert issubclass(error, w.LOST), error
+
+
 def test_a_statement_that_keeps_failing_on_a_healthy_connection_stops_the_worker(
         scratch: Scratch, conn, monkeypatch: pytest.MonkeyPatch) -> None:
     """A grant revoked while running: not "trying again" every second for ever."""

@@ -63,8 +63,10 @@ select r.rolname from pg_roles r
    and r.rolvaliduntil < clock_timestamp()
    and not exists (select from pg_stat_activity a where a.usename = r.rolname);
 
--- Run by tenantlab.exercises._sandbox as admin: whether the admin is a superuser, and the
--- server's version (16+: membership has SET and INHERIT options).
+-- Run by tenantlab.exercises._sandbox as admin, once per check: whether the admin is a
+-- superuser, the server's version (16+: membership has SET and INHERIT options), and the
+-- check roles' VALID UNTIL (now + %(valid_for)s).
 -- name: sandbox_admin
-select rolsuper, current_setting('server_version_num')::int >= 160000 as v16
+select rolsuper, current_setting('server_version_num')::int >= 160000 as v16,
+       (clock_timestamp() + %(valid_for)s::interval)::text as valid_until
   from pg_roles where rolname = current_user;

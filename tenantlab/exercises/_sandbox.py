@@ -84,8 +84,10 @@ def sandbox(label: str, owner: bool = False) -> Iterator[Sandbox]:
     try:
         with db.connect(dsn, "exercise sandbox", autocommit=True) as admin:
             _sweep(admin)
+            facts = admin.execute(q("sandbox_admin"), {"valid_for": VALID_FOR}).fetchone()
+            assert facts is not None  # the admin's own row
             for role, password in passwords.items():
-                _create_role(admin, role, password)
+                _create_role(admin, role, password, *facts)
                 made.append(role)
         with db.scratch(label, dsn) as s:
             with db.connect(s.admin, "exercise sandbox", autocommit=True) as admin:
@@ -110,14 +112,13 @@ def _login(dsn: str, dbname: str, role: str, password: str) -> str:
     return make_conninfo(dsn, dbname=dbname, user=role, password=password)
 
 
-def _create_role(admin: psycopg.Connection, role: str, password: str) -> None:
-    can = admin.execute(q("sandbox_admin")).fetchone() or (False, True)
-    super_, v16 = bool(can[0]), bool(can[1])
+def _create_role(admin: psycopg.Connection, role: str, password: str, super_: bool,
+                 v16: bool, valid_until: str) -> None:
     admin.execute(sql.SQL(
         "create role {} login password {} nosuperuser nocreatedb nocreaterole noinherit "
         "noreplication nobypassrls connection limit {} valid until {}").format(
             sql.Identifier(role), sql.Literal(password), sql.Literal(CONNECTION_LIMIT),
-            sql.Literal(_valid_until(admin))))
+            sql.Literal(valid_until)))
     if not super_:
         # A managed admin (CREATEROLE, no superuser) acts through membership: to give the role
         # a table (08) and to end its sessions when the scratch database is dropped.
@@ -131,10 +132,6 @@ def _create_role(admin: psycopg.Connection, role: str, password: str) -> None:
                     sql.Identifier(role), sql.Identifier(setting), sql.Literal(value)))
         except psycopg.errors.InsufficientPrivilege:
             pass  # a managed admin may not set a superuser-only limit; the timeouts remain
-
-
-def _valid_until(admin: psycopg.Connection) -> str:
-    return str(db.scalar(admin, "select (clock_timestamp() + %s::interval)::text", (VALID_FOR,)))
 
 
 def _grant(admin: psycopg.Connection, dbname: str, worker: str, owner: str | None) -> None:
