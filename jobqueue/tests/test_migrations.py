@@ -100,15 +100,17 @@ def test_a_worker_refuses_a_schema_that_is_missing_behind_or_not_granted(
             owner.execute(sql.SQL("grant select on jobqueue.migrations, jobqueue.jobs to {}")
                           .format(role))
         with pytest.raises(ConfigError, match="lacks update on jobqueue.jobs, insert on "
-                                              "jobqueue.job_runs, select on jobqueue.claimable"):
+                                              "jobqueue.job_runs, select on jobqueue.job_runs, "
+                                              "select on jobqueue.claimable"):
             migrations.check(worker)
         with as_owner(fresh_db) as owner:
             owner.execute(sql.SQL("grant update on jobqueue.jobs to {r}; "
-                                  "grant insert on jobqueue.job_runs to {r}; "
+                                  "grant select, insert on jobqueue.job_runs to {r}; "
                                   "grant select, update on jobqueue.claimable to {r}")
                           .format(r=role))
-        with pytest.raises(ConfigError, match="lacks insert on jobqueue.workers, update on "
-                                              "jobqueue.workers, delete on jobqueue.workers"):
+        with pytest.raises(ConfigError, match="lacks select on jobqueue.workers, insert on "
+                                              "jobqueue.workers, update on jobqueue.workers, "
+                                              "delete on jobqueue.workers"):
             migrations.check(worker)
         with as_owner(fresh_db) as owner:
             owner.execute(sql.SQL("grant select, insert, update, delete on jobqueue.workers "

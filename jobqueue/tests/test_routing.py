@@ -234,7 +234,9 @@ def test_a_periodic_slot_is_enqueued_once_however_many_workers_tick(scratch: Scr
     now = [1_000_000.0]
     with scratch.connect("worker", "test periodic a", autocommit=True) as a, \
             scratch.connect("worker", "test periodic b", autocommit=True) as b:
-        wa, wb = Periodic(s, clock=lambda: now[0]), Periodic(s, clock=lambda: now[0] - 0.5)
+        # The slots follow the server's clock (faked here, with the host's clock the same).
+        wa = Periodic(s, clock=lambda: now[0], server_clock=lambda c: now[0])
+        wb = Periodic(s, clock=lambda: now[0] - 0.5, server_clock=lambda c: now[0] - 0.5)
         # First sight: the slot is recorded, nothing enqueued (a new schedule starts next slot).
         assert wa.tick(a) == [] and wb.tick(b) == []
         enqueued = []
@@ -245,7 +247,7 @@ def test_a_periodic_slot_is_enqueued_once_however_many_workers_tick(scratch: Scr
                 now[0] += 0.1
         # A late worker (its clock a slot behind) finds its slot taken, even once it ran.
         Leased(NOOP, heartbeat=None).run_one(a)
-        late = Periodic(s, clock=lambda: now[0] - 10)
+        late = Periodic(s, clock=lambda: now[0] - 10, server_clock=lambda c: now[0] - 10)
         assert late.tick(b) == []
         rows = a.execute("select unique_key, queue, priority from jobqueue.jobs order by id").fetchall()
     assert len(enqueued) == 4 == len(rows) == len({r[0] for r in rows})

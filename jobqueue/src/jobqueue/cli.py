@@ -151,6 +151,11 @@ def parser() -> argparse.ArgumentParser:
     mi.add_argument("--tenant-type", choices=migrations.TENANT_TYPES, default=None,
                     help="the type of your tenant ids, fixed at install by the first migration "
                          "(default: bigint; later runs keep the installed type)")
+    mi.add_argument("--lock-timeout", type=seconds("lock-timeout"),
+                    default=migrations.LOCK_TIMEOUT,
+                    help="wait at most S seconds for each lock, so that enqueues never wait "
+                         "longer behind it; tried again up to "
+                         f"{migrations.LOCK_TRIES} times (default: %(default)s)")
     mi.set_defaults(func=cmd_migrate)
     add_ops_commands(sub, dsn)
     add_enqueue(sub, dsn)
@@ -206,6 +211,13 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                           run_after=args.run_after, max_attempts=args.max_attempts, known=known)
         except UnknownKind as e:
             raise ConfigError(str(e)) from e
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as e:
+            # What the database refuses to store: a tenant id not of the installed type
+            # ('acme' on a bigint install), a payload jsonb cannot hold (\u0000), a value out
+            # of its column's range. The input is wrong: one line, exit 2.
+            raise ConfigError(f"cannot queue this job: {one_line(e)} (the tenant must be of "
+                              "the installed tenant type, the payload JSON that PostgreSQL "
+                              "stores)") from e
     print(json.dumps({"id": job}) if args.json else job)
     return 0
 
@@ -360,15 +372,23 @@ def cmd_retry(args: argparse.Namespace) -> int:
     if args.id is not None and (args.kind or args.tenant):
         raise ConfigError("--kind and --tenant choose jobs for --dead; a job id is one job")
     with _ops_conn(args) as conn:
+        skipped: list[dict[str, Any]] = []
         rows = [ops.retry(conn, args.id, args.attempts)] if args.id is not None else \
-            ops.retry_dead(conn, kind=args.kind, tenant=args.tenant, attempts=args.attempts)
+            ops.retry_dead(conn, kind=args.kind, tenant=args.tenant, attempts=args.attempts,
+                           skipped=skipped)
+    for s in skipped:
+        # On stderr: --json's output stays the list of jobs queued again.
+        print(f"job {s['id']} ({s['kind']}, tenant {s['tenant']}) left dead: its unique key "
+              f"{s['unique_key']!r} is held by job {s['held_by']} ({s['held_by_status']})",
+              file=sys.stderr)
     if args.json:
         print(ops.to_json(rows))
         return 0
     for r in rows:
         print(f"job {r['id']} ({r['kind']}, tenant {r['tenant']}) queued again: attempts "
               f"{r['attempts']} so far, up to {r['max_attempts']}")
-    print(f"queued {len(rows)} job{'s' if len(rows) != 1 else ''} again")
+    print(f"queued {len(rows)} job{'s' if len(rows) != 1 else ''} again" +
+          (f", {len(skipped)} left dead (their unique key is taken)" if skipped else ""))
     return 0
 
 
@@ -463,7 +483,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     """Apply the migrations not applied yet; print their names, or that none was needed."""
     with connect_checked(args.dsn, "migrate") as conn:
         try:
-            applied = migrations.migrate(conn, args.tenant_type)
+            applied = migrations.migrate(conn, args.tenant_type,
+                                         lock_timeout=args.lock_timeout)
         except psycopg.errors.InsufficientPrivilege as e:
             raise ConfigError(f"role {conn.info.user!r} may not create the queue's schema "
                               f"({one_line(e)}): run migrate as the role that will own the "
@@ -494,7 +515,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Where it was read, before anything connects: the flag's value, or the variable's.
         check_dsn(args.dsn, "--dsn" if args.dsn != os.environ.get(DSN_ENV) else DSN_ENV)
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
     except ConfigError as e:
         if debug:
             raise
@@ -515,6 +538,11 @@ def main(argv: list[str] | None = None) -> int:
     except JobQueueError as e:
         print(f"{PROG} {args.command}: {e}", file=sys.stderr)
         return w.EXIT_CRASHED
+    except BrokenPipeError:
+        # The reader went away (`jobqueue stats | head -1`): it had what it wanted. Quiet, and
+        # nothing more written to the closed pipe at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         # A second stop signal (or an interrupt a handler raised): said, not silent. A job in
         # hand is not lost: its lease runs out and it is retried, counted.

@@ -4,26 +4,48 @@
 lock (workers and deploys started together cannot trip over each other), each recorded in
 ``jobqueue.migrations``. The first install chooses the tenant key's type (the domain
 ``jobqueue.tenant_id``: bigint, integer, uuid or text), matching the application's tenants.
-``check`` is what a worker runs at start: the schema is there, not behind this package, and the
-role may do what a worker does; otherwise one ``ConfigError`` that says what to do.
+``check`` is what a worker runs at start: the schema is there, neither behind this package nor
+ahead of it, and the role may do what a worker does; otherwise one ``ConfigError`` that says
+what to do.
+
+Online: ``migrate`` takes its locks with a ``lock_timeout`` (2 s by default). A migration that
+alters ``jobqueue.jobs`` needs that table to itself; waiting behind a running job's
+transaction would make every enqueue of the application wait behind the migration. So it gives
+up after the timeout (the transaction rolls back: nothing half done), waits a moment and tries
+again, ``tries`` times, then stops with ``MigrationBlocked`` saying who holds the table.
 """
 
 from __future__ import annotations
 
+import logging
+import random
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 
-from .jobs import ConfigError
+from .jobs import ConfigError, JobQueueError
 from .queries import q
 
-__all__ = ["TENANT_TYPES", "available", "check", "latest", "migrate"]
+log = logging.getLogger((__package__ or "jobqueue").split(".")[0])
+
+__all__ = ["LOCK_TIMEOUT", "LOCK_TRIES", "TENANT_TYPES", "MigrationBlocked", "available",
+           "check", "latest", "migrate"]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 TENANT_TYPES = ("bigint", "integer", "uuid", "text")
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+#: How long ``migrate`` waits for one lock (seconds): the longest an enqueue waits behind it.
+LOCK_TIMEOUT = 2.0
+#: How many times ``migrate`` tries before it gives up.
+LOCK_TRIES = 5
+
+
+class MigrationBlocked(JobQueueError):
+    """``migrate`` could not take its locks within its lock timeout, try after try."""
 
 
 def available() -> list[tuple[int, str, Path]]:
@@ -41,7 +63,9 @@ def latest() -> int:
     return max(v for v, _, _ in available())
 
 
-def migrate(conn: psycopg.Connection, tenant_type: str | None = None) -> list[str]:
+def migrate(conn: psycopg.Connection, tenant_type: str | None = None, *,
+            lock_timeout: float = LOCK_TIMEOUT, tries: int = LOCK_TRIES,
+            sleep: Callable[[float], object] = time.sleep) -> list[str]:
     """Apply the migrations not applied yet, in order; return their names (empty: up to date).
 
     ``tenant_type`` (first install only; default bigint): the type of the application's tenant
@@ -51,9 +75,32 @@ def migrate(conn: psycopg.Connection, tenant_type: str | None = None) -> list[st
     if tenant_type is not None and tenant_type not in TENANT_TYPES:
         raise ConfigError(f"tenant type must be one of {', '.join(TENANT_TYPES)}, "
                           f"not {tenant_type!r}")
+    for attempt in range(1, tries + 1):
+        try:
+            return _migrate_once(conn, tenant_type, lock_timeout)
+        except psycopg.errors.LockNotAvailable as e:
+            holders = [r[0] for r in conn.execute(q("migrate_blockers")).fetchall()]
+            who = "; ".join(holders) or "a transaction that has ended since"
+            if attempt == tries:
+                raise MigrationBlocked(
+                    f"migrate could not lock jobqueue's tables within {lock_timeout:g} s, "
+                    f"{tries} times (held by: {who}); nothing was changed: run it again when "
+                    "the long jobs are done, or stop the workers first (README: upgrading)"
+                    ) from e
+            log.warning("migrate: a lock is held (by %s): nothing changed, trying again "
+                        "(%d of %d)", who, attempt, tries)
+            sleep(random.uniform(0.5, 1.0) * lock_timeout)
+    return []  # tries < 1
+
+
+def _migrate_once(conn: psycopg.Connection, tenant_type: str | None,
+                  lock_timeout: float) -> list[str]:
     applied: list[str] = []
     with conn.transaction():
-        conn.execute(q("migrate_lock"))
+        conn.execute(q("migrate_lock"))  # another migrate: waited for (it blocks no enqueue)
+        # From here every lock is waited for at most lock_timeout: an enqueue queued behind
+        # this transaction's lock request never waits longer than that.
+        conn.execute(q("migrate_lock_timeout"), {"ms": f"{int(lock_timeout * 1000)}ms"})
         conn.execute(q("migrations_bootstrap"))
         row = conn.execute(q("tenant_type_of")).fetchone()
         if row is None:
@@ -69,11 +116,18 @@ def migrate(conn: psycopg.Connection, tenant_type: str | None = None) -> list[st
             conn.execute(path.read_text())  # type: ignore[arg-type,unused-ignore]  # our own file
             conn.execute(q("migration_record"), {"version": version, "name": name})
             applied.append(name)
+        if applied:
+            # Workers that run now learn of it at once (and one older than the schema stops).
+            conn.execute(q("migrate_notify"))
     return applied
 
 
-def check(conn: psycopg.Connection) -> None:
-    """Refuse to work on a schema that is missing or behind, or without a worker's grants."""
+def check(conn: psycopg.Connection, uses: tuple[str, ...] = ()) -> None:
+    """Refuse to work on a schema that is missing, behind or ahead, or without a worker's grants.
+
+    `uses`: the optional parts the worker runs, whose grants it needs too ('periodic',
+    'round-robin').
+    """
     db = conn.info.dbname
     row = conn.execute(q("schema_state")).fetchone()
     installed, usage = row if row else (False, None)
@@ -90,7 +144,24 @@ def check(conn: psycopg.Connection) -> None:
     if version[0] < latest():
         raise ConfigError(f"database {db!r} has the jobqueue schema at migration {version[0]}, "
                           f"this worker needs {latest()}: run `migrate --dsn ...` first")
-    missing = [r[0] for r in conn.execute(q("missing_grants")).fetchall()]
+    if version[0] > latest():
+        raise ConfigError(newer(db, version[0]))
+    missing = [r[0] for r in conn.execute(q("missing_grants"),
+                                          {"uses": list(uses)}).fetchall()]
     if missing:
         raise ConfigError(f"role {conn.info.user!r} lacks {', '.join(missing)} in database "
                           f"{db!r}: grant them (see the README's grants)")
+
+
+def newer(db: str, version: int) -> str:
+    """Say that the schema is ahead of this package, and what to do."""
+    return (f"database {db!r} has the jobqueue schema at migration {version}, newer than this "
+            f"worker knows ({latest()}): run the version that migrated it (deploy the new "
+            "workers); an old worker would ignore what the new migrations mean (queues, "
+            "priorities)")
+
+
+def version_now(conn: psycopg.Connection) -> int | None:
+    """Return the schema's migration version (None: none applied)."""
+    row = conn.execute(q("schema_version")).fetchone()
+    return None if row is None or row[0] is None else int(row[0])

@@ -112,11 +112,26 @@ def retry(conn: psycopg.Connection, job: int, attempts: int = RETRY_ATTEMPTS) ->
 
 
 def retry_dead(conn: psycopg.Connection, *, kind: str | None = None, tenant: str | None = None,
-               attempts: int = RETRY_ATTEMPTS) -> list[dict[str, Any]]:
-    """Queue every dead job (of `kind`, of `tenant`) again, each with `attempts` more."""
+               attempts: int = RETRY_ATTEMPTS,
+               skipped: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Queue every dead job (of `kind`, of `tenant`) again, each with `attempts` more.
+
+    A dead job whose unique key a live job holds stays dead (queueing it would make two live
+    jobs of one key); so do the older of dead jobs sharing a key. They are appended to
+    `skipped` (``{"id", "kind", "tenant", "unique_key", "held_by", "held_by_status"}``).
+    """
+    params = {"kind": kind, "tenant": tenant, "attempts": attempts}
     with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(q("retry_dead"), {"kind": kind, "tenant": tenant,
-                                             "attempts": attempts}).fetchall()
+        for tries_left in range(2, -1, -1):
+            try:
+                rows = cur.execute(q("retry_dead"), params).fetchall()
+                break
+            except psycopg.errors.UniqueViolation:
+                # A job of one of these keys was enqueued while this ran: read again.
+                if not tries_left or not conn.autocommit:
+                    raise
+        if skipped is not None:
+            skipped.extend(cur.execute(q("retry_dead_skipped"), params).fetchall())
     for r in rows:
         r.pop("pg_notify", None)
     return rows

@@ -246,20 +246,57 @@ class Schedules:
 schedules = Schedules()
 
 
+#: The worker re-reads the server's clock at least this often (seconds), whatever is due.
+CLOCK_SYNC = 60.0
+#: A schedule whose statement failed (not for its own data) is tried again after this long.
+RETRY_AFTER = 1.0
+
+
 @dataclass
 class Periodic:
-    """Enqueue the schedules' slots as they come, on a worker's connection (``tick``)."""
+    """Enqueue the schedules' slots as they come, on a worker's connection (``tick``).
+
+    Slots come from the server's clock, never this host's: a host an hour fast would enqueue
+    slots an hour early, and record a slot that the other workers' correct clocks then reach
+    only an hour later. This host's clock only says when to look again (it is read with the
+    offset to the server's, re-measured every ``CLOCK_SYNC`` seconds and whenever a slot may
+    have come), and ``periodic_enqueue`` refuses a slot the server's clock has not reached.
+    """
 
     schedules: Schedules
     clock: Callable[[], float] = time.time
+    #: Reads the server's clock (epoch seconds) on the worker's connection.
+    server_clock: Callable[[psycopg.Connection], float] = field(
+        default_factory=lambda: server_clock)
     _due: dict[str, float] = field(default_factory=dict)
+    #: The server's clock minus this host's (seconds); None until first read.
+    _offset: float | None = None
+    _synced: float = -math.inf  # time.monotonic() of the last read
+    #: Schedules skipped for this worker's life: their job can never be stored (a tenant of
+    #: the wrong type, say); each was logged at ERROR once.
+    skipped: set[str] = field(default_factory=set)
+
+    def skip(self, name: str, why: str) -> None:
+        """Never enqueue schedule `name` again in this worker; say so once, at ERROR."""
+        if name not in self.skipped:
+            self.skipped.add(name)
+            log.error("periodic %s: skipped (%s): fix the schedule; the worker runs the rest",
+                      name, why)
+        self._due[name] = math.inf
 
     def tick(self, conn: psycopg.Connection) -> list[int]:
         """Enqueue each schedule whose slot has come; return the ids of the jobs enqueued.
 
-        Cheap when nothing is due: one clock reading and a comparison per schedule.
+        Cheap when nothing is due: one clock reading and a comparison per schedule (and the
+        server's clock once a minute).
         """
-        now = self.clock()
+        local = self.clock()
+        if (self._offset is not None and time.monotonic() - self._synced < CLOCK_SYNC
+                and all(local + self._offset < self._due.get(s.name, -math.inf)
+                        for s in self.schedules)):
+            return []
+        now = self.server_clock(conn)
+        self._offset, self._synced = now - local, time.monotonic()
         ids: list[int] = []
         for s in self.schedules:
             if now < self._due.get(s.name, -math.inf):
@@ -267,7 +304,16 @@ class Periodic:
             at = datetime.fromtimestamp(now, UTC)
             slot = s.slot_at(at)
             if slot is not None:
-                row = conn.execute(q("periodic_enqueue"), s.params(slot)).fetchone()
+                try:
+                    row = conn.execute(q("periodic_enqueue"), s.params(slot)).fetchone()
+                except (psycopg.errors.DataError, psycopg.errors.CheckViolation) as e:
+                    # The schedule's own data (its tenant not of the installed type, say): it
+                    # will never work. Skipped, not a reason to stop running every other job.
+                    self.skip(s.name, " ".join(str(e).split()))
+                    continue
+                except psycopg.Error:
+                    self._due[s.name] = now + RETRY_AFTER  # not every round: once a second
+                    raise
                 if row is not None and row[0] is not None:
                     ids.append(int(row[0]))
                     log.info("periodic %s: enqueued job %s for %s", s.name, row[0],
@@ -275,3 +321,26 @@ class Periodic:
             nxt = s.next_after(at)
             self._due[s.name] = nxt.timestamp() if nxt is not None else math.inf
         return ids
+
+
+def server_clock(conn: psycopg.Connection) -> float:
+    """Return the server's clock, in epoch seconds (what decides the slots)."""
+    row = conn.execute(q("server_clock")).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def bad_schedules(conn: psycopg.Connection, schedules: Schedules) -> dict[str, str]:
+    """Return the schedules whose job the database would refuse, by name, with why.
+
+    Run by a worker's preflight: a tenant id that is not of the installed tenant type
+    (``'acme'`` on a bigint install) can be known only there.
+    """
+    bad: dict[str, str] = {}
+    for s in schedules:
+        try:
+            conn.execute(q("tenant_cast"), {"tenant": str(s.tenant)})
+        except psycopg.errors.DataError as e:
+            bad[s.name] = f"its tenant {s.tenant!r} is not a tenant id here: " + \
+                " ".join(str(e).split())
+    return bad

@@ -32,6 +32,7 @@ from typing import Any
 
 import psycopg
 
+from . import migrations
 from .handlers import Handlers
 from .heartbeat import Presence
 from .hooks import Hooks
@@ -64,6 +65,10 @@ LOST = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnl
 #: Errors of configuration (a grant revoked, a table or column missing: SQLSTATE class 42)
 #: stop it sooner.
 MAX_FAILED_ROUNDS, MAX_FAILED_ROUNDS_CONFIG = 30, 3
+#: Seconds between a running worker's checks of the schema's version: one migrated past what
+#: it knows stops it (exit 2) instead of it claiming by rules it does not know (a worker from
+#: before queues would claim from every queue, ignoring priorities).
+SCHEMA_CHECK = 10.0
 
 
 class ServerLost(JobQueueError):
@@ -160,7 +165,11 @@ class Worker:
                               "registers its functions with @handlers.register(KIND)")
         # Never reached, or reached and wrong (login, database, schema, grants): a
         # configuration error now, not an outage to wait out for ever.
-        preflight(self.dsn, self.name)
+        uses = ("periodic",) * bool(len(self.schedules)) + \
+            ("round-robin",) * (self.options.fair == "round-robin")
+        for name, why in preflight(self.dsn, self.name, uses=uses,
+                                   schedules=self.schedules).items():
+            self.periodic.skip(name, why)
         self.events.emit("worker-start", **dataclasses.asdict(self.options))
         try:
             while not self.stopping:
@@ -191,6 +200,7 @@ class Worker:
             presence.touch(conn, start=presence.last == -math.inf)
         idle = False
         failed = 0  # rounds in a row that failed on a healthy connection
+        checked = time.monotonic()  # the preflight (or the last round) checked the schema
         pending: list[Claim] = []
         # Jobs already claimed (with the last finish) are part of the current job: run them
         # even when a stop was asked for meanwhile.
@@ -198,8 +208,11 @@ class Worker:
             if presence is not None and presence.due():
                 presence.touch(conn)
             try:
+                if time.monotonic() - checked > SCHEMA_CHECK:
+                    self._check_schema(conn)
+                    checked = time.monotonic()
                 if len(self.schedules):
-                    self.periodic.tick(conn)  # a clock comparison unless a slot has come
+                    self._tick(conn, holding=bool(pending))
                 outcomes = self.run_round(conn, pending)
             except psycopg.Error as e:
                 if broken(conn) or isinstance(e, psycopg.errors.ReadOnlySqlTransaction):
@@ -216,6 +229,9 @@ class Worker:
                                       "the grants, the migrations and the schedules)") from e
                 log.warning("%s: %s; trying again (%d of %d)", self.name, error_text(e),
                             failed, limit)
+                for c in pending:
+                    # Never run now: its heartbeat must not keep it `running` for ever.
+                    self.queue.release(c)
                 pending = []
                 self._sleep(1.0)
                 continue
@@ -240,6 +256,27 @@ class Worker:
             if o.max_jobs is not None and self.claimed >= o.max_jobs and not pending:
                 return self._done(conn)
         return self._done(conn)
+
+    def _tick(self, conn: psycopg.Connection, *, holding: bool) -> None:
+        """Enqueue the periodic jobs whose slot has come.
+
+        With jobs in hand (claimed with the last finish, their leases kept by the heartbeat), a
+        failing check does not drop them: it is logged and they run; it counts (and stops the
+        worker if it persists) on a round that holds nothing.
+        """
+        try:
+            self.periodic.tick(conn)  # a clock comparison unless a slot may have come
+        except psycopg.Error as e:
+            if broken(conn) or not holding:
+                raise
+            log.warning("%s: periodic jobs: %s; the jobs already claimed run first",
+                        self.name, error_text(e))
+
+    def _check_schema(self, conn: psycopg.Connection) -> None:
+        """Stop (ConfigError) on a schema migrated past what this worker knows."""
+        version = migrations.version_now(conn)
+        if version is not None and version > migrations.latest():
+            raise ConfigError(f"{self.name}: {migrations.newer(conn.info.dbname, version)}")
 
     def _done(self, conn: psycopg.Connection) -> bool:
         """Stopped: remove this worker's row (it serves nothing any more); True."""

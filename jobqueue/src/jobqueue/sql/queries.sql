@@ -94,7 +94,11 @@ select id, unique_key from jobqueue.jobs
 -- its slot and enqueues nothing: it starts at its next slot. Returns the job's id (null: none).
 -- name: periodic_enqueue
 with moved as (
-  insert into jobqueue.periodic as p (name, last_slot) values (%(name)s, %(slot)s)
+  -- Never a slot the server's clock has not reached: a worker whose host clock runs fast
+  -- must not record (nor enqueue) a future slot, which would hold the schedule back for
+  -- every other worker until the server's clock caught up.
+  insert into jobqueue.periodic as p (name, last_slot)
+  select %(name)s, %(slot)s where %(slot)s::timestamptz <= clock_timestamp()
   on conflict (name) do update set last_slot = excluded.last_slot
    where p.last_slot < excluded.last_slot
   returning (xmax <> 0) as was_there
@@ -106,6 +110,16 @@ with moved as (
   returning id
 )
 select (select id from job), (select pg_notify('jobqueue', '') from job);
+
+-- Run by a worker's periodic check (periodic.py) when a slot may have come, and once a minute:
+-- the server's clock, which decides the slots (never the worker host's), in epoch seconds.
+-- name: server_clock
+select extract(epoch from clock_timestamp())::float8;
+
+-- Run by a worker's preflight for each of its schedules: is the schedule's tenant a tenant id
+-- of the installed type (an error if not)?
+-- name: tenant_cast
+select %(tenant)s::text::jobqueue.tenant_id;
 
 -- Run by an idle worker on its own connection: wake on every enqueue (the poll is the fallback).
 -- name: listen
@@ -384,6 +398,23 @@ select status, count(*) as jobs from jobqueue.jobs group by status order by stat
 -- name: migrate_lock
 select pg_advisory_xact_lock(hashtext('jobqueue migrate'));
 
+-- name: migrate_lock_timeout
+select set_config('lock_timeout', %(ms)s, true);
+
+-- Run by migrate after a lock timeout: who holds a lock on the queue's tables (for its message).
+-- name: migrate_blockers
+select distinct format('pid %s (%s, %s for %s)', a.pid, coalesce(nullif(a.application_name, ''), a.usename),
+                       a.state, date_trunc('second', clock_timestamp() - a.xact_start))
+  from pg_locks l join pg_class c on c.oid = l.relation
+  join pg_namespace n on n.oid = c.relnamespace and n.nspname = 'jobqueue'
+  join pg_stat_activity a on a.pid = l.pid
+ where l.granted and l.pid <> pg_backend_pid();
+
+-- Run by migrate when it applied something, in its transaction: running workers re-check the
+-- schema's version at once.
+-- name: migrate_notify
+select pg_notify('jobqueue', 'migrated');
+
 -- name: migrations_bootstrap
 create schema if not exists jobqueue;
 create table if not exists jobqueue.migrations (
@@ -415,16 +446,27 @@ select exists (select from pg_class c join pg_namespace n on n.oid = c.relnamesp
 select max(version) from jobqueue.migrations;
 
 -- What a worker needs and this role lacks (each privilege alone: has_table_privilege with a
--- list is true when any of them is held).
+-- list is true when any of them is held): every table and privilege its statements touch.
+-- `uses`: the optional parts the worker runs ('periodic': it has schedules; 'round-robin':
+-- --fair round-robin); the rest every worker needs. An INSERT ... RETURNING and an ON
+-- CONFLICT DO UPDATE read what they return or compare: select too.
 -- name: missing_grants
 select p.privilege || ' on ' || p.object
-  from (values ('select', 'jobqueue.jobs'), ('update', 'jobqueue.jobs'),
-               ('insert', 'jobqueue.job_runs'), ('select', 'jobqueue.claimable'),
-               ('update', 'jobqueue.claimable'), ('select', 'jobqueue.migrations'),
-               ('insert', 'jobqueue.workers'), ('update', 'jobqueue.workers'),
-               ('delete', 'jobqueue.workers'))
-       as p(privilege, object)
- where not has_table_privilege(p.object, p.privilege);
+  from (values ('select', 'jobqueue.jobs', null), ('update', 'jobqueue.jobs', null),
+               ('insert', 'jobqueue.job_runs', null), ('select', 'jobqueue.job_runs', null),
+               ('select', 'jobqueue.claimable', null), ('update', 'jobqueue.claimable', null),
+               ('select', 'jobqueue.migrations', null),
+               ('select', 'jobqueue.workers', null), ('insert', 'jobqueue.workers', null),
+               ('update', 'jobqueue.workers', null), ('delete', 'jobqueue.workers', null),
+               ('insert', 'jobqueue.jobs', 'periodic'), ('select', 'jobqueue.periodic', 'periodic'),
+               ('insert', 'jobqueue.periodic', 'periodic'),
+               ('update', 'jobqueue.periodic', 'periodic'),
+               ('select', 'jobqueue.tenant_turns', 'round-robin'),
+               ('insert', 'jobqueue.tenant_turns', 'round-robin'),
+               ('update', 'jobqueue.tenant_turns', 'round-robin'))
+       as p(privilege, object, part)
+ where (p.part is null or p.part = any(%(uses)s::text[]))
+   and not has_table_privilege(p.object, p.privilege);
 
 -- ---------------------------------------------------------------------------------------------
 -- Fair claims (`--fair`): the same claim as claim_leased (attempt counted, lease set, the same
@@ -613,18 +655,41 @@ with retried as (
 select retried.*, pg_notify('jobqueue', '') from retried;
 
 -- Run by `retry --dead [--kind K] [--tenant T]`: every dead job (of that kind, of that tenant)
--- queued again like retry_job.
+-- queued again like retry_job, except a job whose unique key a live job holds (queueing it would
+-- break jobs_unique_key: it is left dead, and retry_dead_skipped says so), and of dead jobs
+-- sharing a free key only the newest.
 -- name: retry_dead
-with retried as (
-  update jobqueue.jobs
-     set status = 'queued', max_attempts = attempts + %(attempts)s, run_after = clock_timestamp(),
-         locked_until = null, finished = null
+with dead as (
+  select id, unique_key from jobqueue.jobs
    where status = 'dead'
      and (%(kind)s::text is null or kind = %(kind)s)
      and (%(tenant)s::text is null or tenant_id::text = %(tenant)s)
+), retried as (
+  update jobqueue.jobs
+     set status = 'queued', max_attempts = attempts + %(attempts)s, run_after = clock_timestamp(),
+         locked_until = null, finished = null
+   where id in (select d.id from dead d
+                 where d.unique_key is null
+                    or (d.id = (select max(o.id) from dead o where o.unique_key = d.unique_key)
+                        and not exists (select from jobqueue.jobs l
+                                         where l.unique_key = d.unique_key
+                                           and l.status in ('queued', 'running'))))
+     and status = 'dead'
   returning id, kind, tenant_id as tenant, attempts, max_attempts
 )
 select retried.*, pg_notify('jobqueue', '') from retried order by id;
+
+-- Run by `retry --dead` after retry_dead: the dead jobs (same filters) it left dead because a
+-- live job holds their unique key, and that job.
+-- name: retry_dead_skipped
+select d.id, d.kind, d.tenant_id::text as tenant, d.unique_key, l.id as held_by,
+       l.status as held_by_status
+  from jobqueue.jobs d
+  join jobqueue.jobs l on l.unique_key = d.unique_key and l.status in ('queued', 'running')
+ where d.status = 'dead'
+   and (%(kind)s::text is null or d.kind = %(kind)s)
+   and (%(tenant)s::text is null or d.tenant_id::text = %(tenant)s)
+ order by d.id;
 
 -- Run by `cancel ID`: a queued or running job becomes cancelled; returns what it was. A running
 -- job's worker is not interrupted: its heartbeat sees the job is no longer its own (the handler
