@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -210,6 +211,16 @@ def test_a_worker_an_hour_fast_enqueues_the_slot_of_the_servers_clock(
         "left join jobqueue.jobs j on j.kind = 'noop' where p.name = 'tick'").fetchone()
     assert ahead <= 0, f"recorded a slot {ahead:.0f} s in the server's future ({key})"
     assert key is not None and key.startswith("periodic:tick@"), key
+
+
+def test_the_operators_ages_follow_the_servers_clock(scratch: Scratch, home: Path,
+                                                    conn: psycopg.Connection) -> None:
+    """`show` on a host an hour fast: the job was created seconds ago, not an hour."""
+    job = enqueue(conn, "noop", tenant=1)
+    done = cli(home, "show", str(job), "--dsn", scratch.worker, JQ_TEST_CLOCK_SKEW="3600")
+    assert done.returncode == 0, done.stderr
+    created = re.search(r"created (\S+) ago", done.stdout)
+    assert created and re.fullmatch(r"[0-9.]+s", created.group(1)), done.stdout
 
 
 # -- a periodic check that fails with a job in hand --------------------------------------------

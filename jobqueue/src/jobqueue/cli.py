@@ -32,7 +32,6 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -280,6 +279,7 @@ def _ops_conn(args: argparse.Namespace) -> psycopg.Connection:
 def cmd_stats(args: argparse.Namespace) -> int:
     with _ops_conn(args) as conn:
         data = ops.stats(conn)
+        now = ops.server_now(conn)  # ages by the server's clock, not this host's
     if args.json:
         print(ops.to_json(data))
         return 0
@@ -297,7 +297,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
               f"{len(data['by_tenant'])}):")
         print(ops.table([[t, *(c.get(s, 0) for s in ops.STATUSES)] for t, c in busy],
                         ["tenant", *ops.STATUSES]))
-    now = datetime.now(UTC)
     print(f"\nworkers running: {len(data['workers'])}")
     if data["workers"]:
         print(ops.table([[w_["name"], ",".join(w_["kinds"]), ops.ago(w_["started"], now),
@@ -312,6 +311,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     with _ops_conn(args) as conn:
         rows = ops.jobs(conn, status=args.status, kind=args.kind, tenant=args.tenant,
                         limit=args.limit)
+        now = ops.server_now(conn)
     if args.json:
         keys = ("id", "kind", "tenant", "status", "attempts", "last_error")
         print(ops.to_json([{k: r[k] for k in keys} for r in rows]))
@@ -319,7 +319,6 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if not rows:
         print("no jobs")
         return 0
-    now = datetime.now(UTC)
     print(ops.table([[r["id"], r["kind"], r["tenant"], r["status"],
                       f"{r['attempts']}/{r['max_attempts']}", ops.ago(r["created"], now),
                       ops.first_line(r["last_error"])] for r in rows],
@@ -334,10 +333,10 @@ SHOWN_PAYLOAD = 2000
 def cmd_show(args: argparse.Namespace) -> int:
     with _ops_conn(args) as conn:
         job = ops.show(conn, args.id)
+        now = ops.server_now(conn)
     if args.json:
         print(ops.to_json(job))
         return 0
-    now = datetime.now(UTC)
     print(f"job {job['id']}: {job['kind']} for tenant {job['tenant']}, {job['status']}, "
           f"attempts {job['attempts_made']} of {job['max_attempts']}")
     wait = "" if job["run_after"] <= now or job["status"] != "queued" else \

@@ -47,6 +47,13 @@ class WrongState(ConfigError):
     """The job is not in a state this action applies to (bad input: exit 2)."""
 
 
+def server_now(conn: psycopg.Connection) -> datetime:
+    """Return the server's clock: what ages and waits are measured by, never this host's."""
+    row = conn.execute(q("server_now")).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
 def stats(conn: psycopg.Connection) -> dict[str, Any]:
     """Return counts per status (and per kind, per tenant), the oldest wait, idle kinds."""
     out: dict[str, Any] = {"jobs": dict.fromkeys(STATUSES, 0), "oldest_queued_s": None,

@@ -585,6 +585,11 @@ delete from jobqueue.workers where name = %(name)s;
 -- ---------------------------------------------------------------------------------------------
 -- The operator's commands (ops.py): stats, jobs, show, retry, cancel.
 
+-- Run by `stats`, `jobs` and `show`: the server's clock, which the ages they print are measured
+-- by (never the operator's host's).
+-- name: server_now
+select clock_timestamp();
+
 -- Run by `stats`: job counts per status, per status and kind, per status and tenant, in one
 -- pass over jobs (`by`: 'status', 'kind' or 'tenant').
 -- name: stats_counts
