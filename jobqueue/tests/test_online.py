@@ -39,6 +39,15 @@ SITECUSTOMIZE = """
         _skew, _time, _time_ns = float(os.environ["JQ_TEST_CLOCK_SKEW"]), time.time, time.time_ns
         time.time = lambda: _time() + _skew
         time.time_ns = lambda: _time_ns() + int(_skew * 1e9)
+        import datetime as _dt
+        _real = _dt.datetime
+
+        class _SkewedDatetime(_dt.datetime):
+            @classmethod
+            def now(cls, tz=None):
+                return _real.fromtimestamp(time.time(), tz)
+
+        _dt.datetime = _SkewedDatetime  # for the modules imported after this one
     if os.environ.get("JQ_TEST_SCHEMA_CHECK"):
         import jobqueue.worker
         jobqueue.worker.SCHEMA_CHECK = float(os.environ["JQ_TEST_SCHEMA_CHECK"])
