@@ -7,7 +7,10 @@ Declare them where the handlers are registered (the module a worker loads with `
     schedules.add("sync", "sync", tenant=1, every=300, queue="maintenance")
 
 Every worker that has them checks them on each loop (a clock comparison; a statement only
-when a slot has come). A slot is enqueued by the statement that moves the schedule's last slot
+when a slot may have come, and once a minute to read the server's clock again). The slots are
+the database server's clock's, never the worker host's: a host whose clock is off neither
+enqueues a slot early nor holds a schedule back for the others.
+A slot is enqueued by the statement that moves the schedule's last slot
 forward in ``jobqueue.periodic`` (``periodic_enqueue``): however many workers run, each slot is
 enqueued once, and a worker that comes late (a slow clock, a long job) cannot enqueue a slot
 again, even after its job finished. The job carries the unique key ``periodic:NAME@SLOT``.
