@@ -328,7 +328,7 @@ class Periodic:
 
 def server_clock(conn: psycopg.Connection) -> float:
     """Return the server's clock, in epoch seconds (what decides the slots)."""
-    row = conn.execute(q("server_clock")).fetchone()
+    row = conn.execute(q("periodic_server_clock")).fetchone()
     assert row is not None
     return float(row[0])
 

@@ -113,7 +113,7 @@ select (select id from job), (select pg_notify('jobqueue', '') from job);
 
 -- Run by a worker's periodic check (periodic.py) when a slot may have come, and once a minute:
 -- the server's clock, which decides the slots (never the worker host's), in epoch seconds.
--- name: server_clock
+-- name: periodic_server_clock
 select extract(epoch from clock_timestamp())::float8;
 
 -- Run by a worker's preflight for each of its schedules: is the schedule's tenant a tenant id
