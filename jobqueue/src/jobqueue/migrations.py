@@ -146,11 +146,21 @@ def check(conn: psycopg.Connection, uses: tuple[str, ...] = ()) -> None:
                           f"this worker needs {latest()}: run `migrate --dsn ...` first")
     if version[0] > latest():
         raise ConfigError(newer(db, version[0]))
-    missing = [r[0] for r in conn.execute(q("missing_grants"),
-                                          {"uses": list(uses)}).fetchall()]
+    check_grants(conn, uses)
+
+
+def check_grants(conn: psycopg.Connection, uses: tuple[str, ...] = (), *,
+                 parts_only: bool = False) -> None:
+    """Refuse a role that lacks a grant a worker's statements need (ConfigError).
+
+    `uses`: the optional parts it runs ('periodic', 'round-robin'); `parts_only`: check only
+    theirs (every worker's own were checked at its start).
+    """
+    missing = [r[0] for r in conn.execute(q("missing_grants"), {
+        "uses": list(uses), "parts_only": parts_only}).fetchall()]
     if missing:
         raise ConfigError(f"role {conn.info.user!r} lacks {', '.join(missing)} in database "
-                          f"{db!r}: grant them (see the README's grants)")
+                          f"{conn.info.dbname!r}: grant them (see the README's grants)")
 
 
 def newer(db: str, version: int) -> str:

@@ -25,7 +25,6 @@ from psycopg.conninfo import conninfo_to_dict
 
 from . import migrations
 from .jobs import CONNECT, ConfigError
-from .periodic import Schedules, bad_schedules
 
 APP = (__package__ or "jobqueue").split(".")[0]
 log = logging.getLogger(APP)
@@ -45,23 +44,18 @@ _TRANSIENT = re.compile(r"too many clients|remaining connection slots|starting u
                         r"shutting down|in recovery mode|not yet accepting connections", re.I)
 
 
-def preflight(dsn: str, name: str = "worker", *, uses: tuple[str, ...] = (),
-              schedules: Schedules | None = None) -> dict[str, str]:
+def preflight(dsn: str, name: str = "worker") -> None:
     """Connect once and check the schema; raise ConfigError saying what to fix.
 
-    `name` tags the connection (``application_name``) as the command that checks; `uses`
-    names the optional parts the worker runs ('periodic', 'round-robin'), whose grants are
-    checked too. Return the `schedules` the database would refuse (by name, with why), each
-    logged at ERROR: the worker skips them and runs the rest.
+    `name` tags the connection (``application_name``) as the command that checks.
     """
     with connect_checked(dsn, f"{name} preflight") as conn:
         try:
-            migrations.check(conn, uses)
+            migrations.check(conn)
         except psycopg.errors.InsufficientPrivilege as e:
             raise ConfigError(f"role {conn.info.user!r} lacks a grant the queue needs "
                               f"({one_line(e)}): see the README's grants for the worker role"
                               ) from e
-        return bad_schedules(conn, schedules) if schedules is not None else {}
 
 
 def connect_checked(dsn: str, name: str) -> psycopg.Connection:

@@ -39,7 +39,7 @@ from .hooks import Hooks
 from .jobs import Claim, ConfigError, Events, JobQueueError, NullEvents, Outcome, error_text
 from .leased import Leased, broken
 from .options import WorkerOptions
-from .periodic import Periodic, Schedules
+from .periodic import Periodic, Schedules, bad_schedules
 from .periodic import schedules as default_schedules
 from .preflight import connect, diagnose, preflight, refused_login
 from .queries import q
@@ -145,6 +145,8 @@ class Worker:
         #: the package's ``schedules`` registry.
         self.schedules = default_schedules if schedules is None else schedules
         self.periodic = Periodic(self.schedules)
+        #: Its optional parts' grants and its schedules were checked (on its first connection).
+        self.parts_checked = False
 
     def stop(self, signum: int | None = None, frame: object = None) -> None:
         """Finish the current job, then stop; a second call stops at once."""
@@ -165,11 +167,7 @@ class Worker:
                               "registers its functions with @handlers.register(KIND)")
         # Never reached, or reached and wrong (login, database, schema, grants): a
         # configuration error now, not an outage to wait out for ever.
-        uses = ("periodic",) * bool(len(self.schedules)) + \
-            ("round-robin",) * (self.options.fair == "round-robin")
-        for name, why in preflight(self.dsn, self.name, uses=uses,
-                                   schedules=self.schedules).items():
-            self.periodic.skip(name, why)
+        preflight(self.dsn, self.name)
         self.events.emit("worker-start", **dataclasses.asdict(self.options))
         try:
             while not self.stopping:
@@ -195,6 +193,9 @@ class Worker:
         """Run jobs on one connection; True when the worker is done (not merely cut off)."""
         o = self.options
         listening = o.listen and self._listen(conn)
+        if not self.parts_checked:
+            self._check_parts(conn)  # the first connection: before any claim
+            self.parts_checked = True
         presence = self.presence
         if presence is not None:
             presence.touch(conn, start=presence.last == -math.inf)
@@ -271,6 +272,17 @@ class Worker:
                 raise
             log.warning("%s: periodic jobs: %s; the jobs already claimed run first",
                         self.name, error_text(e))
+
+    def _check_parts(self, conn: psycopg.Connection) -> None:
+        """Check what this worker uses beyond every worker's needs, at its start: the grants of
+        its periodic jobs and of ``--fair round-robin`` (ConfigError), and its schedules (one
+        the database would refuse is skipped, logged at ERROR: the worker runs the rest)."""
+        uses = ("periodic",) * bool(len(self.schedules)) + \
+            ("round-robin",) * (self.options.fair == "round-robin")
+        if uses:
+            migrations.check_grants(conn, uses, parts_only=True)
+        for name, why in bad_schedules(conn, self.schedules).items():
+            self.periodic.skip(name, why)
 
     def _check_schema(self, conn: psycopg.Connection) -> None:
         """Stop (ConfigError) on a schema migrated past what this worker knows."""

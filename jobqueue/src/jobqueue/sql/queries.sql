@@ -448,7 +448,8 @@ select max(version) from jobqueue.migrations;
 -- What a worker needs and this role lacks (each privilege alone: has_table_privilege with a
 -- list is true when any of them is held): every table and privilege its statements touch.
 -- `uses`: the optional parts the worker runs ('periodic': it has schedules; 'round-robin':
--- --fair round-robin); the rest every worker needs. An INSERT ... RETURNING and an ON
+-- --fair round-robin), checked on its first connection (`parts_only`); the rest every worker
+-- needs, checked by the preflight. An INSERT ... RETURNING and an ON
 -- CONFLICT DO UPDATE read what they return or compare: select too.
 -- name: missing_grants
 select p.privilege || ' on ' || p.object
@@ -465,7 +466,7 @@ select p.privilege || ' on ' || p.object
                ('insert', 'jobqueue.tenant_turns', 'round-robin'),
                ('update', 'jobqueue.tenant_turns', 'round-robin'))
        as p(privilege, object, part)
- where (p.part is null or p.part = any(%(uses)s::text[]))
+ where (p.part is null and not %(parts_only)s or p.part = any(%(uses)s::text[]))
    and not has_table_privilege(p.object, p.privilege);
 
 -- ---------------------------------------------------------------------------------------------
