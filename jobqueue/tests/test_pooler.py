@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import HERE, Scratch
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobqueue import enqueue as put
@@ -217,3 +218,61 @@ def test_without_pooler_mode_the_worker_says_so_in_one_line(scratch: Scratch, co
     assert not [j for j in _jobs(conn) if j[1] == "dead" or "_pg3_" in (j[3] or "")], _jobs(conn)
     assert not [j for j in _jobs(conn) if j[1] in ("dead", "failed") or
                 "prepared statement" in (j[3] or "")], _jobs(conn)
+
+
+@needs_pgbouncer
+def test_pooler_mode_wakes_from_a_direct_listen_connection(scratch: Scratch, conn,
+                                                          workers: Workers) -> None:
+    """Through the pooler a LISTEN is never heard; ``--listen-dsn`` listens on a direct
+    connection: a job queued while the worker idles runs long before its poll (10 minutes)."""
+    with pgbouncer(scratch) as bouncer:
+        p = workers.start(bouncer.through(scratch.worker), "--pooler", "--poll", "600",
+                          "--listen-dsn", scratch.worker)
+        with scratch.connect("admin", autocommit=True) as admin:
+            assert _wait(lambda: admin.execute(
+                "select count(*) from pg_stat_activity where datname = current_database() and "
+                "application_name like '% listen' and state = 'idle'").fetchone() == (1,), 30, p)
+        time.sleep(0.5)  # idle: its first claim found nothing, it waits
+        job = put(conn, "noop", tenant=1)
+        assert _wait(lambda: _jobs(conn)[0][1] == "done", 60, p), (_jobs(conn), workers.output(p))
+        assert p.poll() is None and job == _jobs(conn)[0][0]
+
+
+def test_a_read_only_server_is_an_outage_with_a_limit(scratch: Scratch, workers: Workers) -> None:
+    """A DSN that reaches a server that takes no writes (a hot standby; here the closest cheap
+    equivalent, ``default_transaction_read_only`` on the database, which a standby's sessions
+    share: every write fails with 25006) is an outage: one log line, backoff, and
+    ``--max-outage`` ends it (exit 3), instead of reconnecting several times a second for ever."""
+    with scratch.connect("admin", autocommit=True) as admin:
+        admin.execute(sql.SQL("alter database {} set default_transaction_read_only = on").format(
+            sql.Identifier(scratch.name)))
+    p = workers.start(scratch.worker, "--max-outage", "3")
+    try:
+        p.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        pass  # judged below: still reconnecting is the defect
+    out = workers.output(p)
+    assert p.returncode == 3, out
+    assert "default_transaction_read_only" in out and "Traceback" not in out, out
+    assert len([ln for ln in out.splitlines() if "reconnecting" in ln]) == 1, out
+
+
+def test_a_worker_started_before_its_server_waits_for_it(scratch: Scratch, conn,
+                                                        workers: Workers) -> None:
+    """Started while nothing listens where its DSN points (PostgreSQL still starting, say),
+    with ``--max-outage 60``: the worker waits (one log line) instead of exiting 2, and runs
+    jobs once the server is there. The server here is a PgBouncer started later on that port:
+    a real server coming up where the worker waits."""
+    port = _free_port()
+    p = workers.start(make_conninfo(scratch.worker, host="127.0.0.1", port=str(port)),
+                      "--pooler", "--max-outage", "60", "--poll", "0.2")
+    time.sleep(2.0)
+    assert p.poll() is None, workers.output(p)
+    if PGBOUNCER is None:
+        pytest.skip("no pgbouncer to start on the port the worker waits for")
+    with pgbouncer(scratch, port=port):
+        put(conn, "noop", tenant=1)
+        assert _wait(lambda: _jobs(conn)[0][1] == "done", 60, p), (_jobs(conn),
+                                                                   workers.output(p))
+    out = workers.output(p)
+    assert "cannot reach the server at start" in out and "for up to 60 s" in out, out

@@ -56,6 +56,7 @@ from .preflight import (
     one_line,
     preflight,
     refused_login,
+    unreachable,
 )
 from .reaper import Reaper, ReaperConfig, prune
 
@@ -426,7 +427,16 @@ def cmd_reap(args: argparse.Namespace, events: Any = None) -> int:
     config = ReaperConfig(grace=args.grace, requeue=args.requeue,
                           interval=args.loop or ReaperConfig.interval)
     pooler = getattr(args, "pooler", False)
-    preflight(args.dsn, "reaper", pooler=pooler)
+    # Looping, it waits for a server not reachable yet, as a worker does; once, it does not.
+    outage = w.Outage("reaper", args.max_outage) if args.loop is not None else None
+    while True:
+        try:
+            preflight(args.dsn, "reaper", pooler=pooler)
+            break
+        except ConfigError as e:
+            if outage is None or not unreachable(e):
+                raise
+            outage.failed(e, "cannot reach the server at start")
     if args.loop is None:
         with connect(args.dsn, "reaper", pooler=pooler) as conn:
             reaped = Reaper(conn, config).run_once()

@@ -3,10 +3,15 @@
 A worker, reaper or pruner started with a wrong configuration must say what is wrong in one
 line and stop (exit 2, which a supervisor does not restart), not retry for ever as if the server
 were down. So the first connection is classified: a malformed DSN, a failed login, a missing
-database, a role without CONNECT, and a server that cannot be reached at all are configuration
-errors (``ConfigError``); then ``migrations.check`` says whether the schema is there, current,
-and granted to this role. Only a server that was reachable and then went away is an outage
-(the worker's reconnect loop, exit 3 after ``--max-outage``).
+database, a role without CONNECT, a host name that does not resolve, and a server that cannot
+be reached are configuration errors (``ConfigError``); then ``migrations.check`` says whether the
+schema is there, current, and granted to this role. A worker (and ``reap --loop``) waits for a
+server that cannot be reached (``unreachable``: PostgreSQL starting after it) or takes no writes
+(``check_writable``: a standby) as for any outage: its reconnect loop, exit 3 after
+``--max-outage``. The one-shot commands do not wait.
+
+Behind a transaction pooler (``pooler=True``) connections prepare no statements; what psycopg's
+own prepared statements look like through one without it is ``pooler_error``.
 
 Connection failures carry no SQLSTATE in libpq (the server's FATAL arrives before any result),
 so the class comes from ``sqlstate`` when there is one and from libpq's message otherwise; an
@@ -39,6 +44,8 @@ PRIVILEGE = "42501"  # insufficient_privilege
 _AUTH = re.compile(r"authentication failed|no password supplied|pg_hba\.conf|"
                    r"role \S+ does not exist|password is required", re.I)
 _NO_DATABASE = re.compile(r"database \S+ does not exist", re.I)
+_NO_HOST = re.compile(r"could not translate host name|Name or service not known|"
+                      r"nodename nor servname", re.I)
 _PRIVILEGE = re.compile(r"permission denied|CONNECT privilege", re.I)
 # A server that answers but cannot take this session yet: waited for, not a configuration error
 # (a worker started with its database, during a restart or a failover, or at max_connections).
@@ -134,7 +141,9 @@ def unreachable(error: BaseException) -> bool:
     """Return True when a ConfigError from ``connect_checked`` is a server that could not be
     reached (not a malformed DSN, a refused login or a missing database)."""
     cause = error.__cause__
-    return isinstance(cause, psycopg.OperationalError) and refused_login(cause) is None
+    # A host name that does not resolve is a typo far more often than an outage.
+    return (isinstance(cause, psycopg.OperationalError) and refused_login(cause) is None
+            and not _NO_HOST.search(one_line(cause)))
 
 
 #: SQLSTATEs of psycopg's own prepared statements (``_pg3_N``) through a transaction pooler
