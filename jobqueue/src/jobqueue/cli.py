@@ -65,6 +65,8 @@ __all__ = ["DSN_ENV", "add_ops_commands", "add_reap_flags", "cmd_reap", "load_ha
 
 PROG = f"python -m {__package__}"
 DSN_ENV = "JOBQUEUE_DSN"
+#: --listen-dsn's default, kept off the command line (where ``ps`` would show its password).
+LISTEN_DSN_ENV = "JOBQUEUE_LISTEN_DSN"
 OPS = ("stats", "jobs", "show", "retry", "cancel")
 COMMANDS = ("worker", "reap", "prune", "migrate", "schema", "enqueue", *OPS)
 DEBUG = "--debug"
@@ -398,6 +400,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    if getattr(args, "listen_dsn", None) is None and os.environ.get(LISTEN_DSN_ENV):
+        args.listen_dsn = check_dsn(os.environ[LISTEN_DSN_ENV], LISTEN_DSN_ENV)
     options = from_args(WorkerOptions, args)
     # Its run() refuses to start without handlers, then runs the preflight.
     worker = w.Worker(args.dsn, options, load_handlers(args.handlers),

@@ -122,7 +122,7 @@ class WorkerOptions:
                "(wake-ups from --listen-dsn, else a poll every --poll seconds)")
     listen_dsn: str | None = option(
         None, "LISTEN for enqueues on a connection of its own to this DSN (PostgreSQL itself, "
-              "not the pooler); the work stays on --dsn")
+              "not the pooler; default: $JOBQUEUE_LISTEN_DSN); the work stays on --dsn")
     max_outage: float | None = option(
         None, "exit (status 3) after S seconds without the server (default: retry forever)",
         parse=seconds("max-outage"))

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from .handlers import Handlers
 from .heartbeat import Presence
@@ -181,7 +182,10 @@ class Worker:
             raise ConfigError("no handlers registered: pass --handlers MODULE, a module that "
                               "registers its functions with @handlers.register(KIND)")
         self._preflight()
-        self.events.emit("worker-start", **dataclasses.asdict(self.options))
+        start = dataclasses.asdict(self.options)
+        if start.get("listen_dsn"):  # its password stays out of the events
+            start["listen_dsn"] = make_conninfo(start["listen_dsn"], password=None)
+        self.events.emit("worker-start", **start)
         pooler = self.options.pooler
         try:
             while not self.stopping:
