@@ -227,7 +227,7 @@ def test_a_worker_refused_on_reconnect_stops_with_a_configuration_error(monkeypa
 
     tries = []
 
-    def refuse(dsn: str, name: str) -> None:
+    def refuse(dsn: str, name: str, **kw: object) -> None:
         tries.append(name)
         raise psycopg.OperationalError('FATAL:  password authentication failed for user "w"')
 
