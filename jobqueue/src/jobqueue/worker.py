@@ -174,9 +174,10 @@ class Worker:
     def run(self) -> int:
         """Run until stopped; return how many jobs were claimed.
 
-        Raises ServerLost (the server was away for longer than ``max_outage``) and ConfigError
-        (no handlers; a server never reached, a failed login, no such database; the schema
-        missing or behind; a grant missing).
+        Raises ServerLost (the server was away, not reachable since the start, or a standby,
+        for longer than ``max_outage``) and ConfigError (no handlers; a failed login, no such
+        database, a host name that does not resolve; the schema missing or behind; a grant
+        missing; prepared statements clashing through a pooler without ``pooler``).
         """
         if not self.queue.handlers:
             raise ConfigError("no handlers registered: pass --handlers MODULE, a module that "
