@@ -227,11 +227,11 @@ def test_a_worker_refused_on_reconnect_stops_with_a_configuration_error(monkeypa
 
     tries = []
 
-    def refuse(dsn: str, name: str) -> None:
+    def refuse(dsn: str, name: str, **kw: object) -> None:
         tries.append(name)
         raise psycopg.OperationalError('FATAL:  password authentication failed for user "w"')
 
-    monkeypatch.setattr(w, "preflight", lambda dsn, name: None)  # it passed at the start
+    monkeypatch.setattr(w, "preflight", lambda dsn, name, **kw: None)  # it passed at the start
     monkeypatch.setattr(w, "connect", refuse)
     worker = w.Worker("host=nowhere", handlers=Handlers({"noop": lambda claim: None}))
     with pytest.raises(ConfigError, match="cannot log in"):

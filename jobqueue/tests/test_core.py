@@ -179,12 +179,13 @@ def test_exit_statuses_tell_a_supervisor_what_happened() -> None:
                          text=True, timeout=60, env=env)
     assert bad.returncode == 2, bad.stderr
     assert "must be shorter than the lease" in bad.stderr
-    # A server never reached is a configuration error, not an outage (exit 3 is for a server
-    # that was there and went away).
+    # A server not reachable at start is an outage (PostgreSQL may start after the worker): waited
+    # for up to --max-outage, then exit 3, which a supervisor restarts (2 it does not).
     never = subprocess.run([*cmd, "--max-outage", "1"], capture_output=True, text=True,
                            timeout=60, env=env)
-    assert never.returncode == 2, never.stderr
-    assert "cannot reach the server" in never.stderr and "Traceback" not in never.stderr
+    assert never.returncode == 3, never.stderr
+    assert "cannot reach the server at start" in never.stderr, never.stderr
+    assert "could not reach the server for" in never.stderr and "Traceback" not in never.stderr
 
 
 def test_the_next_claim_rides_on_the_finish_and_a_fenced_finish_takes_it_back(conn) -> None:

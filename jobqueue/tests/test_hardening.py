@@ -109,7 +109,7 @@ def test_a_statement_that_keeps_failing_on_a_healthy_connection_stops_the_worker
             sql.Identifier(scratch.worker_role)))
     options = WorkerOptions(until_empty=True, listen=False)
     worker = Worker(scratch.worker, options, Handlers({"ok": lambda c, j: None}))
-    monkeypatch.setattr(w, "preflight", lambda dsn, name: None)  # the revoke came later
+    monkeypatch.setattr(w, "preflight", lambda dsn, name, **kw: None)  # the revoke came later
     with pytest.raises(ConfigError, match=r"failed 3 times in a row.*permission denied"):
         worker.run()
 

@@ -46,7 +46,17 @@ from .jobs import ConfigError, JobQueueError, UnknownKind
 from .options import Parser, WorkerOptions, add_flags, count, from_args, seconds
 from .periodic import Schedules
 from .periodic import schedules as default_schedules
-from .preflight import check_dsn, connect, connect_checked, diagnose, one_line, preflight, refused_login
+from .preflight import (
+    check_dsn,
+    check_writable,
+    connect,
+    connect_checked,
+    diagnose,
+    one_line,
+    preflight,
+    refused_login,
+    unreachable,
+)
 from .reaper import Reaper, ReaperConfig, prune
 
 __all__ = ["DSN_ENV", "add_ops_commands", "add_reap_flags", "cmd_reap", "load_handlers", "main",
@@ -54,6 +64,8 @@ __all__ = ["DSN_ENV", "add_ops_commands", "add_reap_flags", "cmd_reap", "load_ha
 
 PROG = f"python -m {__package__}"
 DSN_ENV = "JOBQUEUE_DSN"
+#: --listen-dsn's default, kept off the command line (where ``ps`` would show its password).
+LISTEN_DSN_ENV = "JOBQUEUE_LISTEN_DSN"
 OPS = ("stats", "jobs", "show", "retry", "cancel")
 COMMANDS = ("worker", "reap", "prune", "migrate", "schema", "enqueue", *OPS)
 DEBUG = "--debug"
@@ -142,6 +154,8 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--older-than", type=seconds("older-than", zero=True), required=True,
                     help="age in seconds (e.g. 604800 for a week)")
     pr.add_argument("--batch", type=count("batch"), default=1000, help="rows per transaction")
+    pr.add_argument("--pooler", action="store_true",
+                    help="the DSN leads to a transaction pooler: no prepared statements")
     pr.set_defaults(func=cmd_prune)
 
     mi = sub.add_parser("migrate", aliases=["schema"],
@@ -405,6 +419,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    if getattr(args, "listen_dsn", None) is None and os.environ.get(LISTEN_DSN_ENV):
+        args.listen_dsn = check_dsn(os.environ[LISTEN_DSN_ENV], LISTEN_DSN_ENV)
     options = from_args(WorkerOptions, args)
     # Its run() refuses to start without handlers, then runs the preflight.
     worker = w.Worker(args.dsn, options, load_handlers(args.handlers),
@@ -424,21 +440,34 @@ def add_reap_flags(p: argparse.ArgumentParser) -> None:
                    help="keep reaping every S seconds until stopped")
     p.add_argument("--max-outage", type=seconds("max-outage"), default=None,
                    help="with --loop: exit (status 3) after S seconds without the server")
+    p.add_argument("--pooler", action="store_true",
+                   help="the DSN leads to a transaction pooler (PgBouncer in transaction "
+                        "mode): no prepared statements")
 
 
 def cmd_reap(args: argparse.Namespace, events: Any = None) -> int:
     """Reap once (print what moved) or, with --loop, until stopped."""
     config = ReaperConfig(grace=args.grace, requeue=args.requeue,
                           interval=args.loop or ReaperConfig.interval)
-    preflight(args.dsn, "reaper")
+    pooler = getattr(args, "pooler", False)
+    # Looping, it waits for a server not reachable yet, as a worker does; once, it does not.
+    outage = w.Outage("reaper", args.max_outage) if args.loop is not None else None
+    while True:
+        try:
+            preflight(args.dsn, "reaper", pooler=pooler)
+            break
+        except ConfigError as e:
+            if outage is None or not unreachable(e):
+                raise
+            outage.failed(e, "cannot reach the server at start")
     if args.loop is None:
-        with connect(args.dsn, "reaper") as conn:
+        with connect(args.dsn, "reaper", pooler=pooler) as conn:
             reaped = Reaper(conn, config).run_once()
         for job in reaped:
             print(f"job {job['id']}: {job['status']} (attempts {job['attempts']})")
         print(f"reaped {len(reaped)} job{'s' if len(reaped) != 1 else ''}")
         return 0
-    run_reaper(args.dsn, config, max_outage=args.max_outage, events=events)
+    run_reaper(args.dsn, config, max_outage=args.max_outage, events=events, pooler=pooler)
     return 0
 
 
@@ -452,7 +481,7 @@ class StopFlag:
 
 
 def run_reaper(dsn: str, config: ReaperConfig, *, max_outage: float | None = None,
-               events: Any = None) -> int:
+               events: Any = None, pooler: bool = False) -> int:
     """Reap every interval until SIGTERM/SIGINT, reconnecting like a worker; return the count."""
     flag = StopFlag()
     outage = w.Outage("reaper", max_outage)
@@ -460,7 +489,8 @@ def run_reaper(dsn: str, config: ReaperConfig, *, max_outage: float | None = Non
     total = 0
     while not flag.stopped:
         try:
-            with connect(dsn, "reaper") as conn:
+            with connect(dsn, "reaper", pooler=pooler) as conn:
+                check_writable(conn)  # a standby: an outage, not a success to start over from
                 outage.ok()
                 total += Reaper(conn, config, events).run_forever(stop=lambda: flag.stopped)
         except w.LOST as e:
@@ -471,8 +501,8 @@ def run_reaper(dsn: str, config: ReaperConfig, *, max_outage: float | None = Non
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    preflight(args.dsn, "prune")
-    with connect(args.dsn, "prune") as conn:
+    preflight(args.dsn, "prune", pooler=args.pooler)
+    with connect(args.dsn, "prune", pooler=args.pooler) as conn:
         gone = prune(conn, args.older_than, batch=args.batch)
     print(f"pruned {gone['jobs']} jobs and {gone['job_runs']} job_runs rows")
     return 0

@@ -36,6 +36,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from .jobs import CONNECT, Claim, ConfigError
+from .preflight import POOLER_HINT, pooler_error
 from .queries import q
 
 APP = (__package__ or "jobqueue").split(".")[0]
@@ -151,8 +152,11 @@ class Heartbeats:
     """
 
     def __init__(self, dsn: str, config: HeartbeatConfig, *, name: str = "worker",
-                 linger: float | None = None, presence: Presence | None = None) -> None:
+                 linger: float | None = None, presence: Presence | None = None,
+                 pooler: bool = False) -> None:
         self.dsn, self.config, self.name = dsn, config, name
+        #: Behind a transaction pooler: its connection prepares no statements either.
+        self.pooler = pooler
         #: The worker's row, refreshed with the beats while jobs are held (a long job).
         self.presence = presence
         self.linger = linger if linger is not None else max(2 * config.interval, 1.0)
@@ -229,7 +233,9 @@ class Heartbeats:
                 try:
                     if conn is None or conn.closed:
                         conn = psycopg.connect(self.dsn, autocommit=True, **CONNECT,
-                                               application_name=f"{APP} {self.name} heartbeat")
+                                               application_name=f"{APP} {self.name} heartbeat",
+                                               **({"prepare_threshold": None} if self.pooler
+                                                  else {}))
                         self.connections += 1
                     rows = conn.execute(q("heartbeat_if_owner_many"), {
                         "ids": [h.claim.id for h in due],
@@ -245,8 +251,9 @@ class Heartbeats:
                         self.presence.touch(conn)
                 except psycopg.Error as e:
                     if not failing:  # one line per outage, not one per beat
-                        log.warning("heartbeat of %s failed, retrying at every beat: %s",
-                                    self.name, e)
+                        log.warning("heartbeat of %s failed, retrying at every beat: %s%s",
+                                    self.name, e, f" ({POOLER_HINT})" if conn is not None
+                                    and pooler_error(e, conn) else "")
                     failing = True
                     for h in due:
                         h.claim.events.emit("heartbeat-failed", job=h.claim.id,

@@ -58,6 +58,7 @@ from .jobs import (
     Outcome,
     error_detail,
 )
+from .preflight import pooler_error
 from .queries import q
 from .tenant import DEFAULT_TENANT_SETTING, check_setting
 
@@ -191,8 +192,10 @@ class Leased:
         if self.beat is None:
             raise ConfigError("this design has no heartbeat: pass heartbeat=SECONDS")
         if self._heartbeats is None:
+            # Its connection as the worker's: no prepared statements behind a pooler.
             self._heartbeats = Heartbeats(dsn_of(conn), self.beat, name=_name(conn),
-                                          presence=self.presence)
+                                          presence=self.presence,
+                                          pooler=conn.prepare_threshold is None)
         return self._heartbeats
 
     # -- execute -------------------------------------------------------------------------------
@@ -356,9 +359,10 @@ class Leased:
         try:
             return self.execute(conn, claim, work, claim_next=claim_next)
         except Exception as e:
-            if broken(conn):
+            if broken(conn) or pooler_error(e, conn):
                 # The connection is gone: the job's lease expires and it is retried, counted
-                # (the worker reconnects). Any other error is the job's own.
+                # (the worker reconnects). A pooler's prepared-statement clash is the worker's
+                # configuration, not the job's fault. Any other error is the job's own.
                 raise
             return self.fail(conn, claim, e)
 

@@ -19,6 +19,7 @@ from .fair import Fair
 from .fair import flag as fair_flag
 from .heartbeat import AUTO, check, interval_for
 from .jobs import MAX_COUNT, MAX_SECONDS, ConfigError
+from .preflight import check_dsn
 from .tenant import DEFAULT_TENANT_SETTING, check_setting
 
 __all__ = ["Parser", "WorkerOptions", "add_flags", "count", "from_args", "number", "option", "seconds",
@@ -115,6 +116,13 @@ class WorkerOptions:
     poll: float = option(0.5, "seconds between polls when idle (a NOTIFY wakes it sooner)",
                          parse=seconds("poll"))
     listen: bool = option(True, "do not LISTEN for enqueues: poll only", flag="--no-listen")
+    pooler: bool = option(
+        False, "the DSN leads to a transaction pooler (PgBouncer in transaction mode): no "
+               "prepared statements on any of the worker's connections, no LISTEN through it "
+               "(wake-ups from --listen-dsn, else a poll every --poll seconds)")
+    listen_dsn: str | None = option(
+        None, "LISTEN for enqueues on a connection of its own to this DSN (PostgreSQL itself, "
+              "not the pooler; default: $JOBQUEUE_LISTEN_DSN); the work stays on --dsn")
     max_outage: float | None = option(
         None, "exit (status 3) after S seconds without the server (default: retry forever)",
         parse=seconds("max-outage"))
@@ -158,6 +166,11 @@ class WorkerOptions:
             self.queues = ",".join(self.queues)  # a list of queues, as the flag writes it
         self.queues = ",".join(parse_queues(self.queues))
         check_setting(self.tenant_setting)
+        if self.listen_dsn is not None:
+            if not self.listen:
+                raise ConfigError("listen-dsn is where the worker listens; --no-listen says it "
+                                  "does not: use one or the other")
+            check_dsn(self.listen_dsn, "listen-dsn")
 
     def heartbeat_setting(self) -> float | str | None:
         """Return the heartbeat as ``Leased`` takes it: AUTO (the default), seconds, or None (off)."""

@@ -13,11 +13,20 @@ outage: the worker logs it and goes on.
 Exit statuses, for supervisors (systemd ``RestartPreventExitStatus=2``, k8s):
 ``0`` stopped (signal, ``--max-jobs``, ``--until-empty``); ``1`` crashed (a bug, or a job that
 ended the process); ``2`` bad configuration; ``3`` lost the server for longer than
-``--max-outage``.
+``--max-outage``. A server not reachable at start, and one that answers but takes no writes (a
+hot standby, read-only sessions), are outages too: waited for up to ``--max-outage``, then 3.
+
+Behind a transaction pooler (``pooler``): every connection of the worker (its work, its
+heartbeat, its preflight) prepares no statements; it LISTENs only on ``listen_dsn`` (a direct
+connection), else polls. Everything it sets in a session is transaction-scoped (the tenant and
+``synchronous_commit`` by ``set_config(..., true)``, the migrations' advisory lock by
+``pg_advisory_xact_lock``), so a pooled session is safe. Without ``pooler``, the prepared
+statements' clash through such a pooler stops the worker (exit 2) with one line saying so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -27,10 +36,11 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from . import migrations
 from .handlers import Handlers
@@ -41,7 +51,18 @@ from .leased import Leased, broken
 from .options import WorkerOptions
 from .periodic import Periodic, Schedules, bad_schedules
 from .periodic import schedules as default_schedules
-from .preflight import connect, diagnose, preflight, refused_login
+from .preflight import (
+    POOLER_HINT,
+    StandbyServer,
+    check_writable,
+    connect,
+    diagnose,
+    one_line,
+    pooler_error,
+    preflight,
+    refused_login,
+    unreachable,
+)
 from .queries import q
 
 APP = (__package__ or "jobqueue").split(".")[0]
@@ -59,7 +80,8 @@ PRESENCE_TTL = 60.0
 #: transaction timeout (25P03, 25P04, raised as InternalError), an administrator's or a
 #: shutdown's termination (class 57P: OperationalError).
 LOST = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction,
-        psycopg.errors.IdleInTransactionSessionTimeout, psycopg.errors.TransactionTimeout)
+        psycopg.errors.IdleInTransactionSessionTimeout, psycopg.errors.TransactionTimeout,
+        StandbyServer)
 #: A statement that fails this many times in a row on a healthy connection is not a passing
 #: trouble: the worker stops (exit 2) with its cause instead of "trying again" for ever.
 #: Errors of configuration (a grant revoked, a table or column missing: SQLSTATE class 42)
@@ -85,14 +107,15 @@ class Outage:
         self.tries = 0
         self.outages = 0
 
-    def failed(self, error: BaseException) -> None:
+    def failed(self, error: BaseException, what: str = "lost the server") -> None:
         """Record a failed connection; wait before the next try, or raise ServerLost."""
         now = time.monotonic()
         if self.since is None:
             self.since, self.tries = now, 0
             self.outages += 1
-            log.warning("%s lost the server (%s): reconnecting",
-                        self.who, str(error).strip().splitlines()[0] if str(error) else error)
+            until = "for ever" if self.limit is None else f"for up to {self.limit:g} s"
+            log.warning("%s %s (%s): reconnecting %s", self.who, what,
+                        str(error).strip().splitlines()[0] if str(error) else error, until)
         if self.limit is not None and now - self.since > self.limit:
             raise ServerLost(f"{self.who} could not reach the server for {now - self.since:.0f} s "
                              f"(limit {self.limit:g} s): {error}") from error
@@ -158,24 +181,31 @@ class Worker:
     def run(self) -> int:
         """Run until stopped; return how many jobs were claimed.
 
-        Raises ServerLost (the server was away for longer than ``max_outage``) and ConfigError
-        (no handlers; a server never reached, a failed login, no such database; the schema
-        missing or behind; a grant missing).
+        Raises ServerLost (the server was away, not reachable since the start, or a standby,
+        for longer than ``max_outage``) and ConfigError (no handlers; a failed login, no such
+        database, a host name that does not resolve; the schema missing or behind; a grant
+        missing; prepared statements clashing through a pooler without ``pooler``).
         """
         if not self.queue.handlers:
             raise ConfigError("no handlers registered: pass --handlers MODULE, a module that "
                               "registers its functions with @handlers.register(KIND)")
-        # Never reached, or reached and wrong (login, database, schema, grants): a
-        # configuration error now, not an outage to wait out for ever.
-        preflight(self.dsn, self.name)
-        self.events.emit("worker-start", **dataclasses.asdict(self.options))
+        self._preflight()
+        start = dataclasses.asdict(self.options)
+        if start.get("listen_dsn"):  # its password stays out of the events
+            start["listen_dsn"] = make_conninfo(start["listen_dsn"], password=None)
+        self.events.emit("worker-start", **start)
+        pooler = self.options.pooler
         try:
             while not self.stopping:
+                conn: psycopg.Connection | None = None
                 try:
-                    with connect(self.dsn, self.name) as conn:
-                        self.outage.ok()
-                        if self._serve(conn):
-                            break
+                    with connect(self.dsn, self.name, pooler=pooler) as conn:
+                        # A standby answers, then refuses every write: still an outage.
+                        check_writable(conn)
+                        with self._wakes(conn) as wakes:
+                            self.outage.ok()
+                            if self._serve(conn, wakes):
+                                break
                 except LOST as e:
                     if self.stopping:
                         break
@@ -183,16 +213,54 @@ class Worker:
                         # Refused, not cut off (the password or the database changed since the
                         # start): reconnecting for ever would never help.
                         raise ConfigError(diagnose(e)) from e
+                    self._no_clash(e, conn)
                     self.outage.failed(e)
         finally:
             self.queue.close()
             self.events.emit("worker-stop", claimed=self.claimed)
         return self.claimed
 
-    def _serve(self, conn: psycopg.Connection) -> bool:
-        """Run jobs on one connection; True when the worker is done (not merely cut off)."""
+    def _preflight(self) -> None:
+        """Check the DSN, the login, the schema and the grants once; wait for a server that
+        cannot be reached yet (started before PostgreSQL, or during a failover) as for any
+        outage: up to ``max_outage``, then ServerLost (exit 3). Reached and wrong (a login, a
+        database, the schema, a grant) is a ConfigError at once (exit 2)."""
+        while not self.stopping:
+            try:
+                preflight(self.dsn, self.name, pooler=self.options.pooler)
+                return
+            except ConfigError as e:
+                if not unreachable(e):
+                    raise
+                self.outage.failed(e, "cannot reach the server at start")
+
+    @contextlib.contextmanager
+    def _wakes(self, conn: psycopg.Connection) -> Iterator[psycopg.Connection | None]:
+        """Yield the connection enqueues' NOTIFYs arrive on: `conn` (LISTEN on it), one of its
+        own to ``listen_dsn``, or None (poll only: ``--no-listen``, or a pooler, through which
+        a LISTEN is never heard)."""
         o = self.options
-        listening = o.listen and self._listen(conn)
+        if not o.listen or (o.pooler and o.listen_dsn is None):
+            yield None
+        elif o.listen_dsn is None:
+            self._listen(conn)
+            yield conn
+        else:
+            with connect(o.listen_dsn, f"{self.name} listen") as listener:
+                self._listen(listener)
+                yield listener
+
+    def _no_clash(self, error: BaseException, conn: psycopg.Connection | None) -> None:
+        """Raise ConfigError (one line: use --pooler) when `error` is psycopg's prepared
+        statements clashing through a transaction pooler; trying again would not help."""
+        if conn is not None and pooler_error(error, conn):
+            raise ConfigError(f"{self.name}: {one_line(error)}: {POOLER_HINT}") from error
+
+    def _serve(self, conn: psycopg.Connection, wakes: psycopg.Connection | None = None) -> bool:
+        """Run jobs on one connection (NOTIFYs on `wakes`, if any); True when the worker is
+        done (not merely cut off)."""
+        o = self.options
+        listening = wakes is not None
         if not self.parts_checked:
             self._check_parts(conn)  # the first connection: before any claim
             self.parts_checked = True
@@ -216,6 +284,7 @@ class Worker:
                     self._tick(conn, holding=bool(pending))
                 outcomes = self.run_round(conn, pending)
             except psycopg.Error as e:
+                self._no_clash(e, conn)
                 if broken(conn) or isinstance(e, psycopg.errors.ReadOnlySqlTransaction):
                     raise  # an outage: reconnect
                 # A statement failed on a healthy connection (a claim that hit a statement or
@@ -241,7 +310,7 @@ class Worker:
                 # Busy, the worker never waits for a NOTIFY: psycopg would keep every one that
                 # came in meanwhile (memory growing with the enqueues). Dropped here: the next
                 # claim looks at the table anyway.
-                for _ in conn.notifies(timeout=0):
+                for _ in wakes.notifies(timeout=0):  # type: ignore[union-attr]
                     pass
             pending = outcomes[-1].claimed if outcomes else []
             if not outcomes:
@@ -250,7 +319,7 @@ class Worker:
                 if not idle:
                     self.events.emit("idle")
                     idle = True
-                self._wait(conn, listening)
+                self._wait(wakes or conn, listening)
                 continue
             idle = False
             self.claimed += len(outcomes)

@@ -6,7 +6,10 @@ lab's tables in the schema jobqueue dropped first), the README's grants for the 
 finish, backoff 1 s doubling (jitter 0.75..1.25), polls every 0.5 s, and the reaper at its
 defaults (grace 30 s past the lease, a run every 5 s). ``scaled`` sets the lease and the
 reaper's grace to the scenario's lease (2 s), as every queue's scaled row does with its own
-timers, and runs the reaper every second. Its worker process is ``python -m jobqueue worker``
+timers, and runs the reaper every second. Behind PgBouncer in transaction mode (the pgbouncer
+scenario) its workers run with ``--pooler``, as its README says for a transaction pooler: no
+prepared statements, and wake-ups by the poll (the suite gives a worker only the pooler's DSN,
+so there is no direct ``--listen-dsn``). Its worker process is ``python -m jobqueue worker``
 with this module's handlers, which run the suite's bodies: ``python -m
 tenantlab.check.queues.jobqueue --dsn DSN --history FILE [worker flags]``.
 """
@@ -51,7 +54,8 @@ LEASE, POLL, BACKOFF, GRACE, REAP_EVERY = 30.0, 0.5, 1.0, 30.0, 5.0
 DEFAULT_SETTINGS: dict[str, Any] = {
     "lease": "30 s (default)", "heartbeat": "a third of the lease (default)",
     "backoff": "1 s, doubling, jitter 0.75..1.25 (default)", "poll": "0.5 s (default)",
-    "fence": "on (always)", "reaper": "reap --loop 5 (default grace 30 s past the lease)"}
+    "fence": "on (always)", "reaper": "reap --loop 5 (default grace 30 s past the lease)",
+    "behind PgBouncer": "--pooler (no prepared statements; wake-ups by the poll)"}
 SCALED_SETTINGS: dict[str, Any] = {
     **DEFAULT_SETTINGS, "lease": "the scenario's lease (2 s)",
     "reaper": "reap --loop 1 --grace <lease> (grace scaled to the lease)"}
@@ -79,7 +83,10 @@ class JobQueue(_kit.KitRow):
 
     def worker_command(self, dsn: str, history: str, options: Options) -> list[str]:
         lease, _, _ = self._timers(options)
-        return _kit.python(MODULE, dsn, history, "--lease", f"{lease:g}", "--poll", f"{POLL:g}")
+        # Behind a transaction pooler, as jobqueue/README.md says: --pooler.
+        pooler = ["--pooler"] if options.extra.get("pooler") else []
+        return _kit.python(MODULE, dsn, history, "--lease", f"{lease:g}", "--poll", f"{POLL:g}",
+                           *pooler)
 
     def maintenance_command(self, dsn: str, options: Options) -> list[str] | None:
         _, grace, every = self._timers(options)

@@ -125,6 +125,12 @@ select %(tenant)s::text::jobqueue.tenant_id;
 -- name: listen
 listen jobqueue;
 
+-- Run by the worker and the reaper at each (re)connection, before the outage is over: a hot
+-- standby (or read-only sessions) answers but takes no writes, so it is waited for as an outage.
+-- name: server_writable
+select pg_is_in_recovery() as standby,
+       current_setting('transaction_read_only')::bool as read_only;
+
 -- Run by Leased.claim as a statement of its own, committed (durably) before any work starts:
 -- the first claimable jobs of the worker's kinds in its queue, highest priority first, then the
 -- oldest; each attempt counted and its lease set in the same statement. A crash from here on
