@@ -293,6 +293,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
                         ["worker", "kinds", "started", "last seen"]))
     idle = data["kinds_without_worker"]
     print(f"kinds queued that no running worker serves: {', '.join(idle) if idle else 'none'}")
+    stale = data.get("lease_expired") or []
+    print(f"running jobs whose lease ran out (their worker stopped, starved or stuck): "
+          f"{len(stale) if stale else 'none'}")
+    if stale:
+        print(ops.table([[r["id"], r["kind"], r["tenant"], f"{r['attempts']}/{r['max_attempts']}",
+                          ops.age(r["expired_s"])] for r in stale],
+                        ["job", "kind", "tenant", "attempts", "lease ran out"]))
     return 0
 
 
@@ -380,7 +387,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return 0
     note = "" if was == "queued" else (": its worker is not interrupted; its handler sees "
                                        "claim.cancelled() at the next heartbeat and its finish "
-                                       "is fenced out")
+                                       "is fenced out; retry refuses it until that attempt ends "
+                                       "or its lease, no longer extended, runs out")
     print(f"job {args.id} cancelled (was {was}){note}")
     return 0
 

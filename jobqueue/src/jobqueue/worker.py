@@ -33,7 +33,7 @@ from typing import Any
 import psycopg
 
 from .handlers import Handlers
-from .heartbeat import Presence
+from .heartbeat import HeartbeatRefused, Presence
 from .hooks import Hooks
 from .jobs import Claim, ConfigError, Events, JobQueueError, NullEvents, Outcome, error_text
 from .leased import Leased, broken
@@ -125,7 +125,7 @@ class Worker:
         self.events = events or NullEvents(self.name)
         self.queue = queue or Leased(handlers, lease=o.lease, backoff=o.backoff,
                                      heartbeat=o.heartbeat_setting(),
-                                     max_runtime=o.max_runtime, lossy_claim=o.lossy_claim,
+                                     max_runtime=o.max_runtime_setting(), lossy_claim=o.lossy_claim,
                                      fair=o.fair, queues=o.queues,
                                      tenant_setting=o.tenant_setting, hooks=hooks)
         self.stopping = False
@@ -185,6 +185,12 @@ class Worker:
     def _serve(self, conn: psycopg.Connection) -> bool:
         """Run jobs on one connection; True when the worker is done (not merely cut off)."""
         o = self.options
+        if self.queue.beat is not None:
+            # Both sessions before any claim: a worker that cannot open its heartbeat's (a
+            # connection limit) waits as in an outage instead of running unleased jobs.
+            beats = self.queue.heartbeats(conn)
+            beats.keep_open = True
+            beats.connect()
         listening = o.listen and self._listen(conn)
         presence = self.presence
         if presence is not None:
@@ -202,7 +208,8 @@ class Worker:
                     self.periodic.tick(conn)  # a clock comparison unless a slot has come
                 outcomes = self.run_round(conn, pending)
             except psycopg.Error as e:
-                if broken(conn) or isinstance(e, psycopg.errors.ReadOnlySqlTransaction):
+                if broken(conn) or isinstance(e, (psycopg.errors.ReadOnlySqlTransaction,
+                                                  HeartbeatRefused)):
                     raise  # an outage: reconnect
                 # A statement failed on a healthy connection (a claim that hit a statement or
                 # lock timeout): not the server going away. The jobs in hand, if any, are let
