@@ -183,15 +183,23 @@ class Heartbeats:
     worker's: its second session for its whole life, so a burst is never refused it).
     ``overdue(conn, claim, seconds)``: called on the heartbeat's connection for a job past its
     maximum runtime (the worker fails it there, fenced); None: the job is only let go.
+    ``stuck(claim, seconds)``: called (on the heartbeat's thread) when a handler let go at its
+    maximum runtime has still not returned ``grace`` seconds later (default: one lease); the
+    worker then ends its process so that a supervisor starts a fresh one.
     """
 
     def __init__(self, dsn: str, config: HeartbeatConfig, *, name: str = "worker",
                  linger: float | None = None, presence: Presence | None = None,
-                 overdue: Callable[[psycopg.Connection, Claim, float], Any] | None = None) -> None:
+                 overdue: Callable[[psycopg.Connection, Claim, float], Any] | None = None,
+                 stuck: Callable[[Claim, float], Any] | None = None,
+                 grace: float | None = None) -> None:
         self.dsn, self.config, self.name = dsn, config, name
         #: The worker's row, refreshed with the beats while jobs are held (a long job).
         self.presence = presence
-        self.overdue = overdue
+        self.overdue, self.stuck = overdue, stuck
+        self.grace = config.lease if grace is None else grace
+        #: Jobs let go at their maximum runtime whose handler has not returned: when it is too late.
+        self._stuck_at: dict[tuple[int, int], tuple[float, Held]] = {}
         self.linger = linger if linger is not None else max(2 * config.interval, 1.0)
         self._held: dict[tuple[int, int], Held] = {}
         self._lock = threading.Lock()
@@ -264,6 +272,7 @@ class Heartbeats:
         """Stop extending the claim's lease (its work ended); return what it saw."""
         with self._lock:
             held = self._held.pop((claim.id, claim.attempt), None)
+            self._stuck_at.pop((claim.id, claim.attempt), None)
         if held is not None:
             held.done.set()
         return held
@@ -286,7 +295,7 @@ class Heartbeats:
                 if self._closing:
                     return
                 now = time.monotonic()
-                if not self._held:
+                if not self._held and not self._stuck_at:
                     idle_since = idle_since or now
                     if now - idle_since >= self.linger:
                         self._thread = None  # the next hold starts a new thread
@@ -296,12 +305,18 @@ class Heartbeats:
                     self._sleep(self.linger - (now - idle_since))
                     continue
                 idle_since = None
-                wake = min(min(h.next_beat, h.deadline or h.next_beat)
-                           for h in self._held.values())
+                wake = min([min(h.next_beat, h.deadline or h.next_beat)
+                            for h in self._held.values()]
+                           + [at for at, _ in self._stuck_at.values()])
                 if wake > now:
                     self._sleep(wake - now)
                     continue
                 due, overdue = self._due(now)
+                stuck = [h for key, (at, h) in list(self._stuck_at.items())
+                         if at <= now and self._stuck_at.pop(key)]
+            for h in stuck:
+                if self.stuck is not None:
+                    self.stuck(h.claim, now - h.since)
             if not (due or overdue):
                 continue
             try:
@@ -380,6 +395,8 @@ class Heartbeats:
                 h.abandoned = True
                 h.done.set()
                 overdue.append(h)
+                if self.stuck is not None:
+                    self._stuck_at[key] = (now + self.grace, h)
             elif h.next_beat <= now + half:
                 due.append(h)
         return due, overdue
@@ -432,6 +449,7 @@ class Heartbeats:
                   "attempt is failed; its handler is not interrupted, its finish will be fenced "
                   "out", c.id, c.kind, c.tenant_id, c.attempt, runtime, self.config.max_runtime)
         c.events.emit("abandon", job=c.id, attempt=c.attempt, max_runtime=self.config.max_runtime)
+        c.cancel_seen = True  # claim.cancelled(): the handler may still return on its own
         if self.overdue is not None:
             self.overdue(conn, c, runtime)
 

@@ -13,7 +13,8 @@ outage: the worker logs it and goes on.
 Exit statuses, for supervisors (systemd ``RestartPreventExitStatus=2``, k8s):
 ``0`` stopped (signal, ``--max-jobs``, ``--until-empty``); ``1`` crashed (a bug, or a job that
 ended the process); ``2`` bad configuration; ``3`` lost the server for longer than
-``--max-outage``.
+``--max-outage``; ``4`` stuck: a handler still ran a lease after its maximum runtime (its
+attempt failed, counted), and only a fresh process frees the worker.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ import random
 import secrets
 import signal
 import socket
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -46,7 +50,7 @@ from .queries import q
 APP = (__package__ or "jobqueue").split(".")[0]
 log = logging.getLogger(APP)
 
-EXIT_STOPPED, EXIT_CRASHED, EXIT_CONFIG, EXIT_SERVER_LOST = 0, 1, 2, 3
+EXIT_STOPPED, EXIT_CRASHED, EXIT_CONFIG, EXIT_SERVER_LOST, EXIT_STUCK = 0, 1, 2, 3, 4
 
 #: Seconds a worker's ``jobqueue.workers`` row lives without a refresh (at least twice the
 #: lease): a worker silent for longer counts as stopped.
@@ -130,6 +134,10 @@ class Worker:
                                      tenant_setting=o.tenant_setting, hooks=hooks)
         self.stopping = False
         self.claimed = 0
+        #: End the process (exit 4) when a handler outlives its maximum runtime by a lease:
+        #: nothing else frees a thread stuck in a call, and the jobs behind it would never run.
+        self.exit_when_stuck = True
+        self._thread_id: int | None = None
         self.outage = Outage(self.name, o.max_outage, sleep=self._sleep)
         #: Its ``jobqueue.workers`` row: alive, and the kinds it serves (``stats`` reads it);
         #: None: the worker does not announce itself.
@@ -161,6 +169,7 @@ class Worker:
         # Never reached, or reached and wrong (login, database, schema, grants): a
         # configuration error now, not an outage to wait out for ever.
         preflight(self.dsn, self.name)
+        self._thread_id = threading.get_ident()
         self.events.emit("worker-start", **dataclasses.asdict(self.options))
         try:
             while not self.stopping:
@@ -190,6 +199,8 @@ class Worker:
             # connection limit) waits as in an outage instead of running unleased jobs.
             beats = self.queue.heartbeats(conn)
             beats.keep_open = True
+            if self.exit_when_stuck:
+                beats.stuck = self._stuck
             beats.connect()
         listening = o.listen and self._listen(conn)
         presence = self.presence
@@ -247,6 +258,25 @@ class Worker:
             if o.max_jobs is not None and self.claimed >= o.max_jobs and not pending:
                 return self._done(conn)
         return self._done(conn)
+
+    def _stuck(self, claim: Claim, seconds: float) -> None:
+        """A handler still runs a lease after its maximum runtime: say where, end the process.
+
+        Its attempt is already failed (counted) and fenced; only a fresh process frees the
+        worker. Called on the heartbeat's thread; ``os._exit``: the stuck thread never resumes.
+        """
+        frame = sys._current_frames().get(self._thread_id or -1)
+        where = "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)\n"
+        log.error("%s: the handler of job %s (%s, tenant %s) attempt %s still runs %.0f s after "
+                  "its claim, past its maximum runtime: the worker ends (exit %d) so that its "
+                  "supervisor starts a fresh one; the handler is stuck here:\n%s", self.name,
+                  claim.id, claim.kind, claim.tenant_id, claim.attempt, seconds, EXIT_STUCK,
+                  where.rstrip())
+        self.events.emit("stuck", job=claim.id, attempt=claim.attempt, seconds=seconds)
+        for handler in logging.getLogger().handlers + log.handlers:
+            handler.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_STUCK)
 
     def _done(self, conn: psycopg.Connection) -> bool:
         """Stopped: remove this worker's row (it serves nothing any more); True."""
