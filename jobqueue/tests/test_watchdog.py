@@ -17,7 +17,6 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,7 +305,7 @@ def test_a_handler_holding_the_gil_past_the_lease_is_named_and_its_writes_fenced
     heartbeat cannot beat, the lease runs out and another worker runs the job again; the
     starved heartbeat says so at ERROR (before: nothing), and the fence keeps the late
     attempt's write out: one row in effects for two executions."""
-    job = enqueue(conn, "gil", tenant=1, payload={"hold": 3})
+    job = enqueue(conn, "gil", tenant=1, payload={"hold": 4})
     for _ in range(2):
         lab.worker("--lease", "1", "--heartbeat", "0.25", "--poll", "0.2")
     wait_until("the job done and both attempts ended",

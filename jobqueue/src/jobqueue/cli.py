@@ -18,7 +18,8 @@ Exit statuses: 0 stopped; 1 crashed (a bug: traceback); 2 bad configuration, one
 schema missing or behind, a missing grant, a handlers module that fails to import, no handlers);
 3 lost the server for longer than ``--max-outage`` (a server that was reachable and went away:
 the worker reconnects until then; one that then refuses the login or has lost the database
-is 2); 130 stopped at once by a second signal.
+is 2); 4 stuck (a handler still ran a lease after its maximum runtime: restart it); 130
+stopped at once by a second signal.
 Signals: the first SIGTERM (or SIGINT) stops a worker after its current job or batch; a second
 one stops it at once (its job is rolled back, and retried, counted, once its lease runs out).
 """
@@ -63,7 +64,8 @@ LOG_FORMAT = "--log-format"
 SIGNALS = ("SIGTERM or SIGINT stops the worker after its current job (or batch); a second one "
            "stops it at once (exit 130): the job in flight is rolled back and, once its lease "
            "runs out, retried, counted. Exit statuses: 0 stopped, 1 crashed, 2 bad "
-           "configuration (one line on stderr), 3 lost the server for longer than --max-outage.")
+           "configuration (one line on stderr), 3 lost the server for longer than --max-outage, "
+           "4 stuck (a handler still ran a lease after its maximum runtime).")
 
 
 def load_handlers(spec: str | None) -> Handlers:

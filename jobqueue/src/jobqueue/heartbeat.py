@@ -325,6 +325,7 @@ class Heartbeats:
                     self._abandon(conn, h)
                 if not due:
                     continue
+                began = time.monotonic()
                 rows = conn.execute(q("heartbeat_if_owner_many"), {
                     "ids": [h.claim.id for h in due],
                     "attempts": [h.claim.attempt for h in due],
@@ -337,6 +338,10 @@ class Heartbeats:
                     q("cancelled_among"), {"ids": lost}).fetchall()} if lost else set()
                 if self.presence is not None and self.presence.due():
                     self.presence.touch(conn)
+                # Starved while the beat's query ran (its answer waited for the GIL), or a slow
+                # server: either way the leases may have run out.
+                with self._lock:
+                    self._check_starved(time.monotonic() - began, reset=False)
             except psycopg.Error as e:
                 if not failing:  # one line per outage, not one per beat
                     log.warning("heartbeat of %s failed, retrying at every beat: %s",
@@ -362,21 +367,23 @@ class Heartbeats:
             self._wake_at = math.inf
         self._check_starved(time.monotonic() - planned)
 
-    def _check_starved(self, late: float) -> None:
+    def _check_starved(self, late: float, *, reset: bool = True) -> None:
         """Say so (ERROR, once) when this thread woke up so late that the leases may have run
         out: the process was starved (the GIL held by a handler, or the process paused)."""
         c = self.config
         if late < c.lease - c.interval or not self._held:
-            self._starved = False
+            if reset:
+                self._starved = False
             return
         if self._starved:
             return
         self._starved = True
         jobs = ", ".join(f"{h.claim.id} ({h.claim.kind}, tenant {h.claim.tenant_id})"
                          for h in self._held.values()) or "none"
-        log.error("heartbeat of %s woke up %.1f s late (a beat every %g s, lease %g s): the "
+        log.error("heartbeat of %s was %.1f s late (a beat every %g s, lease %g s): the "
                   "process was starved, most likely by a handler holding the GIL (a long "
-                  "regex or a C call that does not release it) or a paused process; the leases "
+                  "regex or a C call that does not release it), a paused process or a server "
+                  "that did not answer; the leases "
                   "of jobs %s may have run out and another worker may run them again (their "
                   "finish here is then fenced out). No call in a handler may hold the GIL "
                   "longer than the lease", self.name, late, c.interval, c.lease, jobs)
@@ -463,6 +470,7 @@ class Heartbeats:
 
     def _lose(self, h: Held) -> None:
         h.lost = True
+        h.claim.cancel_seen = True  # its finish will be fenced out: the handler may stop now
         h.done.set()
         log.warning("job %s lease lost at attempt %s: heartbeat stopped", h.claim.id, h.claim.attempt)
         h.claim.events.emit("lease-lost", job=h.claim.id, attempt=h.claim.attempt)
