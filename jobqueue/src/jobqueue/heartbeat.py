@@ -99,12 +99,12 @@ class HeartbeatError(ConfigError):
 
 def runtime_for(interval: float | None, max_runtime: float | str | None) -> float | None:
     """Return the maximum runtime: ``AUTO`` = the default with a heartbeat (none without one:
-    the lease alone limits the job then); None or 0 = off."""
+    the lease alone limits the job then); None = off (the command line's 0 is None here)."""
     if max_runtime == AUTO:
         return DEFAULT_MAX_RUNTIME if interval else None
     if isinstance(max_runtime, str):
         raise HeartbeatError(f"max_runtime must be seconds, {AUTO!r} or None, not {max_runtime!r}")
-    return float(max_runtime) if max_runtime else None
+    return None if max_runtime is None else float(max_runtime)
 
 
 def interval_for(lease: float, heartbeat: float | str | None) -> float | None:

@@ -272,7 +272,7 @@ class Worker:
                   "supervisor starts a fresh one; the handler is stuck here:\n%s", self.name,
                   claim.id, claim.kind, claim.tenant_id, claim.attempt, seconds, EXIT_STUCK,
                   where.rstrip())
-        self.events.emit("stuck", job=claim.id, attempt=claim.attempt, seconds=seconds)
+        self.events.emit("stuck-exit", job=claim.id, attempt=claim.attempt, seconds=seconds)
         for handler in logging.getLogger().handlers + log.handlers:
             handler.flush()
         sys.stderr.flush()
