@@ -170,6 +170,7 @@ class Held:
     beats: int = 0
     lost: bool = False
     abandoned: bool = False
+    limit: float | None = None  # its maximum runtime, seconds
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -181,7 +182,7 @@ class Heartbeats:
     ends; ``close()`` at the end. The thread starts with the first held job and ends after
     ``linger`` seconds with nothing held, closing the connection unless ``keep_open`` (a
     worker's: its second session for its whole life, so a burst is never refused it).
-    ``overdue(conn, claim, seconds)``: called on the heartbeat's connection for a job past its
+    ``overdue(conn, claim, seconds, limit)``: called on the heartbeat's connection for a job past its
     maximum runtime (the worker fails it there, fenced); None: the job is only let go.
     ``stuck(claim, seconds)``: called (on the heartbeat's thread) when a handler let go at its
     maximum runtime has still not returned ``grace`` seconds later (default: one lease); the
@@ -190,7 +191,8 @@ class Heartbeats:
 
     def __init__(self, dsn: str, config: HeartbeatConfig, *, name: str = "worker",
                  linger: float | None = None, presence: Presence | None = None,
-                 overdue: Callable[[psycopg.Connection, Claim, float], Any] | None = None,
+                 overdue: Callable[[psycopg.Connection, Claim, float, float | None], Any]
+                 | None = None,
                  stuck: Callable[[Claim, float], Any] | None = None,
                  grace: float | None = None) -> None:
         self.dsn, self.config, self.name = dsn, config, name
@@ -234,8 +236,9 @@ class Heartbeats:
                                            f"was refused: {first}") from e
                 self.connections += 1
             conn = self._conn
-        with self._lock:
-            self._ensure_thread()  # it lingers, then closes the session unless keep_open
+        if not self.keep_open:
+            with self._lock:
+                self._ensure_thread()  # it lingers, then closes the session
         return conn
 
     def _ensure_thread(self) -> None:
@@ -252,12 +255,14 @@ class Heartbeats:
                 self._conn.close()
             self._conn = None
 
-    def hold(self, claim: Claim) -> Held:
-        """Start extending the claim's lease; its maximum runtime counts from now."""
+    def hold(self, claim: Claim, max_runtime: float | None = None) -> Held:
+        """Start extending the claim's lease; its maximum runtime (`max_runtime`, else the
+        config's) counts from now."""
         now = time.monotonic()
         c = self.config
-        held = Held(claim, now, now + c.interval,
-                    now + c.max_runtime if c.max_runtime is not None else None)
+        limit = max_runtime if max_runtime is not None else c.max_runtime
+        held = Held(claim, now, now + c.interval, now + limit if limit is not None else None,
+                    limit=limit)
         with self._lock:
             self._held[(claim.id, claim.attempt)] = held
             if self._thread is None or not self._thread.is_alive():
@@ -454,11 +459,11 @@ class Heartbeats:
         log.error("job %s (%s, tenant %s) attempt %s still running after %.0f s, past its "
                   "maximum runtime (%g s): the heartbeat stopped extending its lease and the "
                   "attempt is failed; its handler is not interrupted, its finish will be fenced "
-                  "out", c.id, c.kind, c.tenant_id, c.attempt, runtime, self.config.max_runtime)
-        c.events.emit("abandon", job=c.id, attempt=c.attempt, max_runtime=self.config.max_runtime)
+                  "out", c.id, c.kind, c.tenant_id, c.attempt, runtime, h.limit)
+        c.events.emit("abandon", job=c.id, attempt=c.attempt, max_runtime=h.limit)
         c.cancel_seen = True  # claim.cancelled(): the handler may still return on its own
         if self.overdue is not None:
-            self.overdue(conn, c, runtime)
+            self.overdue(conn, c, runtime, h.limit)
 
     def _cancel(self, h: Held) -> None:
         h.lost = True

@@ -227,10 +227,10 @@ class Leased:
             return False
         return True
 
-    def _overdue(self, conn: psycopg.Connection, claim: Claim, runtime: float) -> None:
+    def _overdue(self, conn: psycopg.Connection, claim: Claim, runtime: float,
+                 limit: float | None) -> None:
         """Fail an attempt past its maximum runtime, on the heartbeat's connection (fenced)."""
-        limit = self.beat.max_runtime if self.beat else None
-        text = (f"job {claim.id} ran longer than its maximum runtime ({limit:g} s) at attempt "
+        text = (f"job {claim.id} ran longer than its maximum runtime ({limit or 0:g} s) at attempt "
                 f"{claim.attempt} on {claim.worker}: failed by the watchdog after {runtime:.0f} s "
                 "(its handler was not interrupted; its finish is fenced out)")
         row = conn.execute(*self._fail_query(claim, text)).fetchone()
@@ -348,7 +348,7 @@ class Leased:
             events.emit("claim", job=c.id, attempt=c.attempt, tenant=c.tenant_id, kind=c.kind)
             if self.beat is not None:
                 # From the claim: a batch's later jobs keep their leases while they wait.
-                self.heartbeats(conn).hold(c)
+                self.heartbeats(conn).hold(c, self.handlers.max_runtime(c.kind))
 
     def release(self, claim: Claim) -> None:
         """Stop extending the claim's lease (its work ended, or will never start)."""
