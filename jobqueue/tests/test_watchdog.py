@@ -90,7 +90,10 @@ HANDLERS = textwrap.dedent("""
 
     handlers = Handlers({"polite": polite, "quick": quick, "slow": slow, "gil": gil,
                          "forks": forks})
-    handlers.register("hangs", max_runtime=1.5)(hangs)  # its own limit, not the worker's
+    try:
+        handlers.register("hangs", max_runtime=1.5)(hangs)  # its own limit, not the worker's
+    except TypeError:  # a jobqueue before per-kind limits (the other cases still run on it)
+        handlers.add("hangs", hangs)
 """)
 
 
