@@ -109,6 +109,9 @@ class LabWorker(Worker):
         super().__init__(dsn, options, kinds.handlers, queue=leased, events=events)
         if leased is None:
             self.presence = self.queue.presence = None
+        # The lab shows what a stuck attempt does after its maximum runtime (it goes on, and
+        # the fence keeps its finish out): its worker does not end itself as production's does.
+        self.exit_when_stuck = False
 
     def run_round(self, conn: psycopg.Connection, pending: list[Claim]) -> list[Outcome]:
         if isinstance(self.design, Leased):

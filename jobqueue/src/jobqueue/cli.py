@@ -18,7 +18,8 @@ Exit statuses: 0 stopped; 1 crashed (a bug: traceback); 2 bad configuration, one
 schema missing or behind, a missing grant, a handlers module that fails to import, no handlers);
 3 lost the server for longer than ``--max-outage`` (a server that was reachable and went away:
 the worker reconnects until then; one that then refuses the login or has lost the database
-is 2); 130 stopped at once by a second signal.
+is 2); 4 stuck (a handler still ran a lease after its maximum runtime: restart it); 130
+stopped at once by a second signal.
 Signals: the first SIGTERM (or SIGINT) stops a worker after its current job or batch; a second
 one stops it at once (its job is rolled back, and retried, counted, once its lease runs out).
 """
@@ -74,7 +75,8 @@ LOG_FORMAT = "--log-format"
 SIGNALS = ("SIGTERM or SIGINT stops the worker after its current job (or batch); a second one "
            "stops it at once (exit 130): the job in flight is rolled back and, once its lease "
            "runs out, retried, counted. Exit statuses: 0 stopped, 1 crashed, 2 bad "
-           "configuration (one line on stderr), 3 lost the server for longer than --max-outage.")
+           "configuration (one line on stderr), 3 lost the server for longer than --max-outage, "
+           "4 stuck (a handler still ran a lease after its maximum runtime).")
 
 
 def load_handlers(spec: str | None) -> Handlers:
@@ -318,6 +320,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
                         ["worker", "kinds", "started", "last seen"]))
     idle = data["kinds_without_worker"]
     print(f"kinds queued that no running worker serves: {', '.join(idle) if idle else 'none'}")
+    stale = data.get("lease_expired") or []
+    print(f"running jobs whose lease ran out (their worker stopped, starved or stuck): "
+          f"{len(stale) if stale else 'none'}")
+    if stale:
+        print(ops.table([[r["id"], r["kind"], r["tenant"], f"{r['attempts']}/{r['max_attempts']}",
+                          ops.age(r["expired_s"])] for r in stale],
+                        ["job", "kind", "tenant", "attempts", "lease ran out"]))
     return 0
 
 
@@ -413,7 +422,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return 0
     note = "" if was == "queued" else (": its worker is not interrupted; its handler sees "
                                        "claim.cancelled() at the next heartbeat and its finish "
-                                       "is fenced out")
+                                       "is fenced out; retry refuses it until that attempt ends "
+                                       "or its lease, no longer extended, runs out")
     print(f"job {args.id} cancelled (was {was}){note}")
     return 0
 

@@ -4,6 +4,8 @@ A handler is called as ``handler(conn, job)``: ``conn`` is inside the job's tran
 the tenant already set (locally), ``job`` is the ``Claim`` (id, tenant_id, attempt, kind,
 payload). Whatever it writes through ``conn`` commits with the job's completion, or not at all.
 Its return value is the outcome's ``result``; an exception fails the attempt (counted).
+``register(kind, max_runtime=S)`` gives the kind a maximum runtime of its own instead of the
+worker's ``--max-runtime`` (it needs the heartbeat, which is on by default).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Handlers(Mapping[str, Handler]):
 
     def __init__(self, handlers: Mapping[str, Handler] | None = None) -> None:
         self._by_kind: dict[str, Handler] = {}
+        self._max_runtime: dict[str, float] = {}
         for kind, fn in (handlers or {}).items():
             self.add(kind, fn)
 
@@ -35,12 +38,24 @@ class Handlers(Mapping[str, Handler]):
                              f"{getattr(self._by_kind[kind], '__qualname__', '?')}")
         self._by_kind[kind] = fn
 
-    def register(self, kind: str) -> Callable[[Handler], Handler]:
-        """Register the decorated function for jobs of `kind`."""
+    def register(self, kind: str, *,
+                 max_runtime: float | None = None) -> Callable[[Handler], Handler]:
+        """Register the decorated function for jobs of `kind`; `max_runtime`: seconds after
+        which its jobs are failed (the watchdog), instead of the worker's limit."""
+        if max_runtime is not None and not 0 < max_runtime < float("inf"):
+            raise ValueError(f"max_runtime must be a positive number of seconds, not "
+                             f"{max_runtime!r}")
+
         def decorate(fn: Handler) -> Handler:
             self.add(kind, fn)
+            if max_runtime is not None:
+                self._max_runtime[kind] = float(max_runtime)
             return fn
         return decorate
+
+    def max_runtime(self, kind: str) -> float | None:
+        """Return the kind's own maximum runtime (None: the worker's)."""
+        return self._max_runtime.get(kind)
 
     def lookup(self, job: Claim) -> Handler:
         """Return the handler of the job's kind; an unknown kind is an error that names the known."""

@@ -85,7 +85,8 @@ class Claim:
     cancel_seen: bool = field(default=False, repr=False, compare=False)
 
     def cancelled(self) -> bool:
-        """Return True once the heartbeat has seen an operator cancel this job.
+        """Return True once the heartbeat has seen that this attempt's work is lost: an operator
+        cancelled the job, its maximum runtime passed, or another attempt owns it now.
 
         Cooperative: nothing interrupts the handler. Return early when it is true: whatever the
         handler wrote rolls back anyway (its finish matches no row, fenced out). Seen at the

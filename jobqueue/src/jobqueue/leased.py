@@ -32,9 +32,12 @@ always claim on its own). ``hooks`` (hooks.py) run the application's code around
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 from psycopg.rows import class_row
@@ -46,7 +49,16 @@ from .fair import Fair
 from .fair import fair as as_fair
 from .handlers import Handler, Handlers
 from .handlers import handlers as default_handlers
-from .heartbeat import AUTO, HeartbeatConfig, Heartbeats, Presence, check, dsn_of, interval_for
+from .heartbeat import (
+    AUTO,
+    HeartbeatConfig,
+    Heartbeats,
+    Presence,
+    check,
+    dsn_of,
+    interval_for,
+    runtime_for,
+)
 from .hooks import NO_HOOKS, Hooks, after_finish, on_failure
 from .jobs import (
     Claim,
@@ -76,7 +88,8 @@ class Leased:
     ``heartbeat``: seconds between lease extensions while a job is held (one thread and
     connection for all of them); ``"auto"`` (the default) is a third of the lease, None turns it
     off (then a job longer than its lease is claimed again while it runs). ``max_runtime``:
-    seconds after which the heartbeat lets a job go (abandoned). ``backoff``: seconds before
+    seconds after which the heartbeat lets a job go and fails the attempt (the watchdog;
+    ``"auto"``, the default, is an hour with a heartbeat; None turns it off). ``backoff``: seconds before
     the first retry, doubling with each attempt (0 turns it off), with jitter and capped at
     ``backoff_cap``. ``lossy_claim``: commit a claim made on its own without waiting for its WAL
     flush (a claim sent with a finish commits with it, durably): faster, but a server crash
@@ -95,7 +108,7 @@ class Leased:
 
     def __init__(self, handlers: Handlers | dict[str, Handler] | None = None, *,
                  lease: float = 30.0, backoff: float = 1.0, backoff_cap: float = 300.0,
-                 heartbeat: float | str | None = AUTO, max_runtime: float | None = None,
+                 heartbeat: float | str | None = AUTO, max_runtime: float | str | None = AUTO,
                  lossy_claim: bool = False, fair: Fair | str | None = None,
                  queues: Iterable[str] | str = (DEFAULT_QUEUE,),
                  tenant_setting: str = DEFAULT_TENANT_SETTING, hooks: Hooks | None = None) -> None:
@@ -104,6 +117,7 @@ class Leased:
         if backoff < 0 or backoff_cap < 0:
             raise ConfigError(f"backoff must be 0 (off) or positive seconds, not {backoff!r}")
         interval = interval_for(float(lease), heartbeat)
+        max_runtime = runtime_for(interval, max_runtime)
         check(float(lease), interval, max_runtime)
         if handlers is None:
             handlers = default_handlers
@@ -174,6 +188,9 @@ class Leased:
                    events: Events | None = None) -> list[Claim]:
         """Claim up to `n` claimable jobs of this worker's kinds, each leased."""
         events = events or NullEvents(worker)
+        if self.beat is not None:
+            # The heartbeat's session first: a job whose lease nobody can extend is not claimed.
+            self.heartbeats(conn).connect()
         # Its own transaction (autocommit: one statement), committed before any work starts.
         with _autocommit(conn), conn.cursor(row_factory=class_row(Claim)) as cur:
             claims = cur.execute(*self.claim_query(n)).fetchall()
@@ -194,9 +211,33 @@ class Leased:
         if self._heartbeats is None:
             # Its connection as the worker's: no prepared statements behind a pooler.
             self._heartbeats = Heartbeats(dsn_of(conn), self.beat, name=_name(conn),
-                                          presence=self.presence,
+                                          presence=self.presence, overdue=self._overdue,
                                           pooler=conn.prepare_threshold is None)
         return self._heartbeats
+
+    def heartbeat_ready(self, conn: psycopg.Connection) -> bool:
+        """Whether the heartbeat's session is open (opened now if not); True without a heartbeat.
+
+        Asked before a claim that rides on a finish: no claim when the session is refused.
+        """
+        if self.beat is None:
+            return True
+        try:
+            self.heartbeats(conn).connect()
+        except psycopg.OperationalError as e:
+            log.warning("the heartbeat's session cannot be opened (%s): claiming nothing until "
+                        "it can", str(e).strip().splitlines()[0] if str(e) else e)
+            return False
+        return True
+
+    def _overdue(self, conn: psycopg.Connection, claim: Claim, runtime: float,
+                 limit: float | None) -> None:
+        """Fail an attempt past its maximum runtime, on the heartbeat's connection (fenced)."""
+        text = (f"job {claim.id} ran longer than its maximum runtime ({limit or 0:g} s) at attempt "
+                f"{claim.attempt} on {claim.worker}: failed by the watchdog after {runtime:.0f} s "
+                "(its handler was not interrupted; its finish is fenced out)")
+        row = conn.execute(*self._fail_query(claim, text)).fetchone()
+        self._failed(claim, text, row, claim.events)
 
     # -- execute -------------------------------------------------------------------------------
 
@@ -233,6 +274,8 @@ class Leased:
                     # can never run into this attempt's own completion and call it lost.
                     self.release(claim)
                     more = claim_next() if callable(claim_next) else claim_next
+                    if more and not self.heartbeat_ready(conn):
+                        more = 0
                     finished, claimed = self._complete(conn, claim, more)
                     if not finished:
                         raise LeaseLost(f"job {claim.id} lease lost at attempt {claim.attempt}")
@@ -308,7 +351,7 @@ class Leased:
             events.emit("claim", job=c.id, attempt=c.attempt, tenant=c.tenant_id, kind=c.kind)
             if self.beat is not None:
                 # From the claim: a batch's later jobs keep their leases while they wait.
-                self.heartbeats(conn).hold(c)
+                self.heartbeats(conn).hold(c, self.handlers.max_runtime(c.kind))
 
     def release(self, claim: Claim) -> None:
         """Stop extending the claim's lease (its work ended, or will never start)."""
@@ -441,7 +484,7 @@ class Leased:
                     row = conn.execute(*self._fail_query(c, text)).fetchone()
                     results.append((c, self._failed(c, text, row, c.events, emit=False, exc=e)))
             more = claim_next() if callable(claim_next) else claim_next
-            if more:
+            if more and self.heartbeat_ready(conn):
                 with conn.cursor(row_factory=class_row(Claim)) as claim_cur:
                     # The worker's own claim (FIFO or fair), durable: it commits with the batch.
                     claimed = sorted(
@@ -488,12 +531,22 @@ def call_handler(fn: Handler | Work, conn: psycopg.Connection, claim: Claim) -> 
 
     A handler that calls ``sys.exit()`` (or a library that does) would otherwise stop the
     worker with that status and no log line, and a supervisor would not restart it on 0.
+    A child the handler forked that returns or raises (``sys.exit()``) instead of calling
+    ``os._exit()`` comes back here too: it ends at once (``child_exit``), before it could run
+    the worker's code on the parent's sessions (a rollback, a finish, a Terminate on exit).
     """
+    pid = os.getpid()
     try:
         result = fn(conn, claim)
-    except SystemExit as e:
-        raise HandlerExit(f"the handler of job {claim.id} ({claim.kind}) raised "
-                          f"SystemExit({e.code!r}): a handler may not end the worker") from e
+    except BaseException as e:
+        if os.getpid() != pid:
+            child_exit(e)
+        if isinstance(e, SystemExit):
+            raise HandlerExit(f"the handler of job {claim.id} ({claim.kind}) raised "
+                              f"SystemExit({e.code!r}): a handler may not end the worker") from e
+        raise
+    if os.getpid() != pid:
+        child_exit(None)
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         # A raw COMMIT (or ROLLBACK) ended the work's transaction: what the handler wrote before
         # it is committed whatever the fence says next. Not hidden: the attempt fails, and the
@@ -502,6 +555,26 @@ def call_handler(fn: Handler | Work, conn: psycopg.Connection, claim: Claim) -> 
                           "transaction (a COMMIT or ROLLBACK of its own): its writes escaped "
                           "the fence; a handler leaves the transaction to the worker")
     return result
+
+
+def child_exit(error: BaseException | None) -> NoReturn:
+    """End a process a handler forked that came back into the worker: at once, with its status.
+
+    ``os._exit``: no finalizer, no atexit, so the parent's sessions (inherited sockets) are
+    never written to (psycopg sends a Terminate when a connection is closed or collected).
+    """
+    code = 0
+    if isinstance(error, SystemExit):
+        code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+    elif error is not None:
+        code = 1
+        traceback.print_exception(error)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 class HandlerExit(JobQueueError):

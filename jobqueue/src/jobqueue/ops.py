@@ -6,13 +6,16 @@ command line's ``--json``:
 
 - ``stats`` -> ``{"jobs": {STATUS: n}, "oldest_queued_s": float | None,
   "kinds_without_worker": [...], "by_kind": {KIND: {STATUS: n}}, "by_tenant": {...},
-  "workers": [...]}``;
+  "workers": [...], "lease_expired": [{"id", "kind", "tenant", "attempts", "max_attempts",
+  "expired_s"}]}`` (running jobs no worker extends any more: stopped, starved or stuck);
 - ``jobs`` -> ``[{"id", "kind", "tenant", "status", "attempts", "last_error"}]``, newest first;
 - ``show`` -> the job's fields and ``"attempts": [{"attempt", "worker", "started", "finished",
   "outcome", "error"}]``: one per attempt counted, also those whose end was never recorded
   (outcome ``running`` for the attempt in flight, None for one whose worker vanished);
 - ``retry`` / ``retry_dead`` -> the jobs queued again; ``cancel`` -> the status it had.
 
+``retry`` refuses a job cancelled while running until that attempt's end is recorded or its
+lease (no longer extended) runs out: a retry never runs beside the cancelled attempt.
 ``retry`` gives a dead (or cancelled) job a fresh budget: ``max_attempts`` becomes the attempts
 so far plus ``attempts`` (default: the package's default budget, 3). The count goes on, never
 back to 0, so the fence still tells every attempt apart. ``cancel`` never interrupts a handler:
@@ -72,6 +75,7 @@ def stats(conn: psycopg.Connection) -> dict[str, Any]:
         q("stats_kinds_without_worker")).fetchall()]
     with conn.cursor(row_factory=dict_row) as cur:
         out["workers"] = cur.execute(q("stats_workers")).fetchall()
+        out["lease_expired"] = cur.execute(q("stats_lease_expired")).fetchall()
     return out
 
 
@@ -113,6 +117,12 @@ def retry(conn: psycopg.Connection, job: int, attempts: int = RETRY_ATTEMPTS) ->
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(q("retry_job"), {"id": job, "attempts": attempts}).fetchone()
     if row is None:
+        running = conn.execute(q("cancelled_still_running"), {"id": job}).fetchone()
+        if running is not None:
+            raise WrongState(
+                f"job {job} was cancelled while attempt {running[0]} ran, and that attempt may "
+                f"still run (its lease holds for {max(running[2], 0):.1f} s more, not extended): "
+                "retry it after that, so that it never runs twice at once")
         raise _state_error(conn, job, "only a dead or cancelled job can be retried")
     row.pop("pg_notify", None)
     return row

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from .enqueue import parse_queues
 from .fair import Fair
 from .fair import flag as fair_flag
-from .heartbeat import AUTO, check, interval_for
+from .heartbeat import AUTO, check, interval_for, runtime_for
 from .jobs import MAX_COUNT, MAX_SECONDS, ConfigError
 from .preflight import check_dsn
 from .tenant import DEFAULT_TENANT_SETTING, check_setting
@@ -100,8 +100,10 @@ class WorkerOptions:
               "of the lease; 0 = off: a job longer than its lease then runs again)",
         parse=seconds("heartbeat", zero=True))
     max_runtime: float | None = option(
-        None, "stop extending a job's lease after S seconds: the job is abandoned",
-        parse=seconds("max-runtime"))
+        None, "the watchdog: after S seconds a job's lease is no longer extended and its "
+              "attempt is failed (counted; logged at ERROR) while its handler, not interrupted, "
+              "is fenced out (default: 3600 with a heartbeat; 0 = off)",
+        parse=seconds("max-runtime", zero=True))
     batch: int = option(1, "claim up to N jobs in one statement, each with its own attempt "
                            "and lease, run one after another", parse=count("batch"))
     batch_commit: bool = option(
@@ -161,7 +163,8 @@ class WorkerOptions:
             self.fair = str(Fair.parse(self.fair))
             if self.lossy_claim:
                 raise ConfigError("lossy-claim has no fair variant: use one or the other")
-        check(self.lease, interval_for(self.lease, self.heartbeat_setting()), self.max_runtime)
+        interval = interval_for(self.lease, self.heartbeat_setting())
+        check(self.lease, interval, runtime_for(interval, self.max_runtime_setting()))
         if not isinstance(self.queues, str):
             self.queues = ",".join(self.queues)  # a list of queues, as the flag writes it
         self.queues = ",".join(parse_queues(self.queues))
@@ -171,6 +174,13 @@ class WorkerOptions:
                 raise ConfigError("listen-dsn is where the worker listens; --no-listen says it "
                                   "does not: use one or the other")
             check_dsn(self.listen_dsn, "listen-dsn")
+
+    def max_runtime_setting(self) -> float | str | None:
+        """Return the maximum runtime as ``Leased`` takes it: AUTO (the default), seconds, or
+        None (off)."""
+        if self.max_runtime is None:
+            return AUTO
+        return self.max_runtime or None
 
     def heartbeat_setting(self) -> float | str | None:
         """Return the heartbeat as ``Leased`` takes it: AUTO (the default), seconds, or None (off)."""

@@ -48,9 +48,11 @@ _NO_HOST = re.compile(r"could not translate host name|Name or service not known|
                       r"nodename nor servname", re.I)
 _PRIVILEGE = re.compile(r"permission denied|CONNECT privilege", re.I)
 # A server that answers but cannot take this session yet: waited for, not a configuration error
-# (a worker started with its database, during a restart or a failover, or at max_connections).
-_TRANSIENT = re.compile(r"too many clients|remaining connection slots|starting up|"
-                        r"shutting down|in recovery mode|not yet accepting connections", re.I)
+# (a worker started with its database, during a restart or a failover, or at max_connections or
+# its role's connection limit).
+_TRANSIENT = re.compile(r"too many clients|too many connections for role|"
+                        r"remaining connection slots|starting up|shutting down|in recovery mode|"
+                        r"not yet accepting connections", re.I)
 
 
 def preflight(dsn: str, name: str = "worker", *, pooler: bool = False) -> None:

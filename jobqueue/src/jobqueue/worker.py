@@ -15,6 +15,8 @@ Exit statuses, for supervisors (systemd ``RestartPreventExitStatus=2``, k8s):
 ended the process); ``2`` bad configuration; ``3`` lost the server for longer than
 ``--max-outage``. A server not reachable at start, and one that answers but takes no writes (a
 hot standby, read-only sessions), are outages too: waited for up to ``--max-outage``, then 3.
+``4`` stuck: a handler still ran a lease after its maximum runtime (its attempt failed,
+counted), and only a fresh process frees the worker.
 
 Behind a transaction pooler (``pooler``): every connection of the worker (its work, its
 heartbeat, its preflight) prepares no statements; it LISTENs only on ``listen_dsn`` (a direct
@@ -35,7 +37,10 @@ import random
 import secrets
 import signal
 import socket
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,7 +49,7 @@ from psycopg.conninfo import make_conninfo
 
 from . import migrations
 from .handlers import Handlers
-from .heartbeat import Presence
+from .heartbeat import HeartbeatRefused, Presence
 from .hooks import Hooks
 from .jobs import Claim, ConfigError, Events, JobQueueError, NullEvents, Outcome, error_text
 from .leased import Leased, broken
@@ -68,7 +73,7 @@ from .queries import q
 APP = (__package__ or "jobqueue").split(".")[0]
 log = logging.getLogger(APP)
 
-EXIT_STOPPED, EXIT_CRASHED, EXIT_CONFIG, EXIT_SERVER_LOST = 0, 1, 2, 3
+EXIT_STOPPED, EXIT_CRASHED, EXIT_CONFIG, EXIT_SERVER_LOST, EXIT_STUCK = 0, 1, 2, 3, 4
 
 #: Seconds a worker's ``jobqueue.workers`` row lives without a refresh (at least twice the
 #: lease): a worker silent for longer counts as stopped.
@@ -153,11 +158,15 @@ class Worker:
         self.events = events or NullEvents(self.name)
         self.queue = queue or Leased(handlers, lease=o.lease, backoff=o.backoff,
                                      heartbeat=o.heartbeat_setting(),
-                                     max_runtime=o.max_runtime, lossy_claim=o.lossy_claim,
+                                     max_runtime=o.max_runtime_setting(), lossy_claim=o.lossy_claim,
                                      fair=o.fair, queues=o.queues,
                                      tenant_setting=o.tenant_setting, hooks=hooks)
         self.stopping = False
         self.claimed = 0
+        #: End the process (exit 4) when a handler outlives its maximum runtime by a lease:
+        #: nothing else frees a thread stuck in a call, and the jobs behind it would never run.
+        self.exit_when_stuck = True
+        self._thread_id: int | None = None
         self.outage = Outage(self.name, o.max_outage, sleep=self._sleep)
         #: Its ``jobqueue.workers`` row: alive, and the kinds it serves (``stats`` reads it);
         #: None: the worker does not announce itself.
@@ -190,6 +199,7 @@ class Worker:
             raise ConfigError("no handlers registered: pass --handlers MODULE, a module that "
                               "registers its functions with @handlers.register(KIND)")
         self._preflight()
+        self._thread_id = threading.get_ident()
         start = dataclasses.asdict(self.options)
         if start.get("listen_dsn"):  # its password stays out of the events
             start["listen_dsn"] = make_conninfo(start["listen_dsn"], password=None)
@@ -264,6 +274,14 @@ class Worker:
         if not self.parts_checked:
             self._check_parts(conn)  # the first connection: before any claim
             self.parts_checked = True
+        if self.queue.beat is not None:
+            # Both sessions before any claim: a worker that cannot open its heartbeat's (a
+            # connection limit) waits as in an outage instead of running unleased jobs.
+            beats = self.queue.heartbeats(conn)
+            beats.keep_open = True
+            if self.exit_when_stuck:
+                beats.stuck = self._stuck
+            beats.connect()
         presence = self.presence
         if presence is not None:
             presence.touch(conn, start=presence.last == -math.inf)
@@ -285,7 +303,8 @@ class Worker:
                 outcomes = self.run_round(conn, pending)
             except psycopg.Error as e:
                 self._no_clash(e, conn)
-                if broken(conn) or isinstance(e, psycopg.errors.ReadOnlySqlTransaction):
+                if broken(conn) or isinstance(e, (psycopg.errors.ReadOnlySqlTransaction,
+                                                  HeartbeatRefused)):
                     raise  # an outage: reconnect
                 # A statement failed on a healthy connection (a claim that hit a statement or
                 # lock timeout): not the server going away. The jobs in hand, if any, are let
@@ -358,6 +377,25 @@ class Worker:
         version = migrations.version_now(conn)
         if version is not None and version > migrations.latest():
             raise ConfigError(f"{self.name}: {migrations.newer(conn.info.dbname, version)}")
+
+    def _stuck(self, claim: Claim, seconds: float) -> None:
+        """A handler still runs a lease after its maximum runtime: say where, end the process.
+
+        Its attempt is already failed (counted) and fenced; only a fresh process frees the
+        worker. Called on the heartbeat's thread; ``os._exit``: the stuck thread never resumes.
+        """
+        frame = sys._current_frames().get(self._thread_id or -1)
+        where = "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)\n"
+        log.error("%s: the handler of job %s (%s, tenant %s) attempt %s still runs %.0f s after "
+                  "its claim, past its maximum runtime: the worker ends (exit %d) so that its "
+                  "supervisor starts a fresh one; the handler is stuck here:\n%s", self.name,
+                  claim.id, claim.kind, claim.tenant_id, claim.attempt, seconds, EXIT_STUCK,
+                  where.rstrip())
+        self.events.emit("stuck-exit", job=claim.id, attempt=claim.attempt, seconds=seconds)
+        for handler in logging.getLogger().handlers + log.handlers:
+            handler.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_STUCK)
 
     def _done(self, conn: psycopg.Connection) -> bool:
         """Stopped: remove this worker's row (it serves nothing any more); True."""

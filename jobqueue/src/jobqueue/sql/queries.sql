@@ -623,6 +623,18 @@ except
 select unnest(kinds) from jobqueue.workers where expires > clock_timestamp()
 order by 1;
 
+-- Run by `stats`: running jobs whose lease ran out: no worker extends them any more (it
+-- stopped, lost the server, was starved past its lease, or let the job go at its maximum
+-- runtime); another worker takes each over (counted), or the reaper at max_attempts. Reads
+-- jobs_running_lease.
+-- name: stats_lease_expired
+select id, kind, tenant_id::text as tenant, attempts, max_attempts,
+       extract(epoch from clock_timestamp() - locked_until)::float8 as expired_s
+  from jobqueue.jobs
+ where status = 'running' and locked_until < clock_timestamp()
+ order by locked_until
+ limit 20;
+
 -- name: stats_workers
 select name, kinds, started, last_seen from jobqueue.workers
  where expires > clock_timestamp() order by name;
@@ -655,16 +667,31 @@ select attempt, worker, started, finished, outcome, error
 -- Run by `retry ID`: a dead or cancelled job queued again at once, with a fresh budget of
 -- `attempts` more attempts (max_attempts = attempts so far + that). The attempt count goes on
 -- (never back to 0): the fence tells every attempt apart, also a late finish of an old one.
--- Wakes the idle workers. No row: no such job, or not dead or cancelled.
+-- Not a job cancelled while running whose attempt may still run: it keeps its lease (no longer
+-- extended) until its worker records the attempt's end; a retry before that would run it twice
+-- at once. Wakes the idle workers. No row: no such job, not dead or cancelled, or that.
 -- name: retry_job
 with retried as (
   update jobqueue.jobs
      set status = 'queued', max_attempts = attempts + %(attempts)s, run_after = clock_timestamp(),
          locked_until = null, finished = null
    where id = %(id)s and status in ('dead', 'cancelled')
+     and not (status = 'cancelled' and locked_until > clock_timestamp()
+              and not exists (select from jobqueue.job_runs r
+                               where r.job_id = jobs.id and r.attempt = jobs.attempts))
   returning id, kind, tenant_id as tenant, attempts, max_attempts
 )
 select retried.*, pg_notify('jobqueue', '') from retried;
+
+-- Run by `retry ID` when retry_job changed nothing: a cancelled job whose attempt may still
+-- run, and until when its lease holds (no row: not that case).
+-- name: cancelled_still_running
+select attempts, locked_until,
+       extract(epoch from locked_until - clock_timestamp())::float8 as holds_s
+  from jobqueue.jobs
+ where id = %(id)s and status = 'cancelled' and locked_until > clock_timestamp()
+   and not exists (select from jobqueue.job_runs r
+                    where r.job_id = jobs.id and r.attempt = jobs.attempts);
 
 -- Run by `retry --dead [--kind K] [--tenant T]`: every dead job (of that kind, of that tenant)
 -- queued again like retry_job, except a job whose unique key a live job holds (queueing it would
@@ -704,12 +731,15 @@ select d.id, d.kind, d.tenant_id::text as tenant, d.unique_key, l.id as held_by,
  order by d.id;
 
 -- Run by `cancel ID`: a queued or running job becomes cancelled; returns what it was. A running
--- job's worker is not interrupted: its heartbeat sees the job is no longer its own (the handler
--- can ask `claim.cancelled()`), and its finish matches no row (fenced out). No row: no such
--- job, or already finished.
+-- job's worker is not interrupted: its heartbeat sees the job is no longer its own and stops
+-- extending its lease (the handler can ask `claim.cancelled()`), and its finish matches no row
+-- (fenced out). The lease it had is kept, not extended: until it runs out (or the attempt's end
+-- is recorded) `retry` refuses the job, so a retry never runs beside the cancelled attempt. No
+-- row: no such job, or already finished.
 -- name: cancel_job
 update jobqueue.jobs
-   set status = 'cancelled', locked_until = null, finished = clock_timestamp()
+   set status = 'cancelled', finished = clock_timestamp(),
+       locked_until = case when prev.was = 'running' then jobs.locked_until end
   from (select id, status as was from jobqueue.jobs where id = %(id)s for no key update) as prev
  where jobs.id = prev.id and prev.was in ('queued', 'running')
 returning prev.was;
