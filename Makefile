@@ -57,12 +57,14 @@ $(DEV_STAMP): $(LAB_STAMP) requirements-dev.lock
 
 # Git sees notebooks as stored (.gitattributes names the filter): what JupyterLab ran and saved
 # neither shows in `git diff` nor blocks a `git pull`; nbconvert's saves (`--execute --inplace`)
-# get the same post-save refresh as JupyterLab's (tenantlab/gitsave.py). tools/setup_git_filter.sh (docker compose
+# get the same post-save refresh as JupyterLab's (tenantlab/gitsave.py). tenantlab.labenv installs
+# the notebooks' kernel "tenantlab" and JupyterLab's defaults into .venv (not ~/.local). tools/setup_git_filter.sh (docker compose
 # and the conda steps use it too) configures tools/strip_outputs.py, which needs only python3.
 .PHONY: strip-outputs
 strip-outputs:
 	@sh tools/setup_git_filter.sh
 	@if [ -x $(PY) ]; then $(PY) -m tenantlab.gitsave; fi
+	@if [ -x $(PY) ]; then $(PY) -m tenantlab.labenv; fi
 
 venv: $(DEV_STAMP)
 

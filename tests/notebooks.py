@@ -10,6 +10,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from tenantlab import labenv
+
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 #: Where each notebook's last run time is kept; tools/notebook_timings.py writes the README's table.
 TIMINGS = Path(__file__).resolve().parent.parent / "test-output" / "notebook-seconds.json"
@@ -24,7 +26,10 @@ def run_notebook(path: Path, timeout: int = 300, env: dict[str, str] | None = No
     os.environ.update(env or {})
     os.environ.setdefault("TENANTLAB_SIZE", "workshop")
     try:
-        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+        # The kernel the notebook names ("tenantlab", in this environment), as nbconvert and
+        # JupyterLab start it: a user's own python3 kernelspec cannot stand in for it.
+        labenv.install()
+        client = NotebookClient(nb, timeout=timeout, kernel_name=nb.metadata.kernelspec.name,
                                 resources={"metadata": {"path": str(path.parent)}})
         client.execute()
     finally:
