@@ -113,7 +113,9 @@ lock: $(PYTHON_STAMP)
 # Everything the kit put on the machine for this checkout: its state wherever it lives
 # (.tenantlab, /var/lib/tenantlab/home-* for a root checkout the server user cannot enter, or
 # TENANTLAB_HOME), with the copy of PostgreSQL's binaries made for the server user, then .venv.
-# `tenantlab down --purge` stops the server and PgBouncer first, and refuses while a lab runs;
+# `tenantlab down --purge` stops the server and PgBouncer first, and refuses, naming them, while a
+# lab runs, a JupyterLab outlived its lab (an orphan: `kill` it), or a server runs in a state
+# directory inside (the test suite's .tenantlab/gw1: `make test` still running, or interrupted);
 # without .venv, tools/clean_state.py (standard library only) removes the same paths.
 clean:
 	@if [ -x $(VENV)/bin/tenantlab ]; then $(VENV)/bin/tenantlab down --purge || exit 1; \
