@@ -18,8 +18,9 @@ except ModuleNotFoundError as e:
         def _render_traceback_(self) -> list[str]:
             return [f"\x1b[31m{self}\x1b[0m"]
 
+    missing = (e.name or "tenantlab").split(".")[0]
     raise WrongKernel(
-        f"this kernel ({sys.executable}) has no module {e.name!r}: pick the kernel "
+        f"this kernel ({sys.executable}) has no module {missing!r}: pick the kernel "
         "\u201ctenantlab (Python 3.\u2026)\u201d (Kernel \u203a Change Kernel\u2026) in the lab "
         "`make lab` starts") from None
 
