@@ -140,7 +140,11 @@ def _run_lab(args: argparse.Namespace, nbdir: Path, token: str, dsn: str) -> int
         env[settings.SOLUTIONS] = "1"  # the kernels' exercises read it
     # The notebooks' kernel "tenantlab" and JupyterLab's defaults (no news, no update pop-up),
     # in this environment: a user's own python3 kernelspec cannot stand in for the kit's.
-    labenv.install()
+    try:
+        labenv.install()
+    except OSError as e:
+        raise TenantlabError(f"cannot install the notebooks' kernel in {sys.prefix} ({e.strerror}): "
+                             "run `python -m tenantlab.labenv` as the environment's owner") from e
     cmd = jupyter_command(args, nbdir, labs.workspaces(embedded().home))
     # Its own session: a Ctrl-C reaches us, and we stop Jupyter before the server. And it ends
     # with us whatever ends us (a kill -9, a closed terminal): no orphan keeps the port.
