@@ -13,6 +13,7 @@ files are rewritten only when their content changes.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,10 @@ def _write(path: Path, data: dict[str, Any]) -> Path:
     text = json.dumps(data, indent=1) + "\n"
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        # Whole or not at all: a JupyterLab or a test starting meanwhile reads the old file.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
     return path
 
 
