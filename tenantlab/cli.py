@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,6 +107,10 @@ def notebooks_dir() -> Path:
 
 def cmd_lab(args: argparse.Namespace) -> int:
     nbdir = notebooks_dir()
+    kit = REPO / "notebooks" / "kit.py"
+    if kit.exists() and not (nbdir / "kit.py").exists():
+        # TENANTLAB_NOTEBOOKS elsewhere: the notebooks' first cell imports through kit.py.
+        shutil.copy(kit, nbdir / "kit.py")
     # A JupyterLab whose lab was killed (kill -9, a closed terminal, where the system does not
     # end it with its lab) holds its port and the server: name it and say how to stop it.
     if orphans := labs.orphans(embedded().home):
