@@ -15,9 +15,11 @@ RUN pip install --no-cache-dir \
       "jupyterlab>=4.2,<5"
 
 COPY --chown=${NB_UID}:${NB_GID} . /home/${NB_USER}/tenantlab
-# jobqueue (pyproject's dependency) is the checkout's own distribution, installed from ./jobqueue.
+# jobqueue (pyproject's dependency) is the checkout's own distribution, installed from ./jobqueue;
+# tenantlab.labenv installs the notebooks' kernel (tenantlab) and JupyterLab's defaults.
 RUN pip install --no-cache-dir --no-deps -e /home/${NB_USER}/tenantlab/jobqueue \
  && pip install --no-cache-dir --no-deps -e /home/${NB_USER}/tenantlab
+RUN python -m tenantlab.labenv
 
 # docker-compose.yml mounts the checkout's notebooks/ over this copy: edits survive the container.
 WORKDIR /home/${NB_USER}/tenantlab/notebooks

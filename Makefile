@@ -57,12 +57,14 @@ $(DEV_STAMP): $(LAB_STAMP) requirements-dev.lock
 
 # Git sees notebooks as stored (.gitattributes names the filter): what JupyterLab ran and saved
 # neither shows in `git diff` nor blocks a `git pull`; nbconvert's saves (`--execute --inplace`)
-# get the same post-save refresh as JupyterLab's (tenantlab/gitsave.py). tools/setup_git_filter.sh (docker compose
+# get the same post-save refresh as JupyterLab's (tenantlab/gitsave.py). tenantlab.labenv installs
+# the notebooks' kernel "tenantlab" and JupyterLab's defaults into .venv (not ~/.local). tools/setup_git_filter.sh (docker compose
 # and the conda steps use it too) configures tools/strip_outputs.py, which needs only python3.
 .PHONY: strip-outputs
 strip-outputs:
 	@sh tools/setup_git_filter.sh
 	@if [ -x $(PY) ]; then $(PY) -m tenantlab.gitsave; fi
+	@if [ -x $(PY) ]; then $(PY) -m tenantlab.labenv; fi
 
 venv: $(DEV_STAMP)
 
@@ -111,7 +113,9 @@ lock: $(PYTHON_STAMP)
 # Everything the kit put on the machine for this checkout: its state wherever it lives
 # (.tenantlab, /var/lib/tenantlab/home-* for a root checkout the server user cannot enter, or
 # TENANTLAB_HOME), with the copy of PostgreSQL's binaries made for the server user, then .venv.
-# `tenantlab down --purge` stops the server and PgBouncer first, and refuses while a lab runs;
+# `tenantlab down --purge` stops the server and PgBouncer first, and refuses, naming them, while a
+# lab runs, a JupyterLab outlived its lab (an orphan: `kill` it), or a server runs in a state
+# directory inside (the test suite's .tenantlab/gw1: `make test` still running, or interrupted);
 # without .venv, tools/clean_state.py (standard library only) removes the same paths.
 clean:
 	@if [ -x $(VENV)/bin/tenantlab ]; then $(VENV)/bin/tenantlab down --purge || exit 1; \

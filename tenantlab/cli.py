@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,10 +22,10 @@ from jobqueue import ConfigError, JobQueueError, diagnose, refused_login
 from jobqueue.options import Parser, count
 from psycopg.conninfo import conninfo_to_dict
 
-from . import db, gitsave, labs, pgbouncer, reproduce, settings, validate
+from . import db, gitsave, labenv, labs, pgbouncer, reproduce, settings, validate
 from .errors import ConfigurationError, TenantlabError
 from .experiments import REGISTRY
-from .server import REPO, ServerError, embedded, port_free
+from .server import REPO, Server, ServerError, embedded, port_free
 
 log = logging.getLogger("tenantlab")
 
@@ -61,7 +62,12 @@ def cmd_down(args: argparse.Namespace) -> int:
     # Under the labs' lock: a lab starting meanwhile either is seen here or finds the server down.
     with labs.locked(server.home) if server.home.is_dir() else nullcontext():
         if not args.force:
-            labs.refuse_while_running(server.home)
+            # Removing the state directory would also pull a server inside it (the suite's
+            # .tenantlab/gw1) from under it: refuse, naming it.
+            labs.refuse_while_running(server.home, servers=args.purge)
+        elif args.purge:
+            for inside in labs.servers_inside(server.home):
+                Server(inside).down()
         if pgbouncer.stop_daemon():
             print("stopped PgBouncer")
         if args.purge:
@@ -101,6 +107,14 @@ def notebooks_dir() -> Path:
 
 def cmd_lab(args: argparse.Namespace) -> int:
     nbdir = notebooks_dir()
+    kit = REPO / "notebooks" / "kit.py"
+    if kit.exists() and not (nbdir / "kit.py").exists():
+        # TENANTLAB_NOTEBOOKS elsewhere: the notebooks' first cell imports through kit.py.
+        shutil.copy(kit, nbdir / "kit.py")
+    # A JupyterLab whose lab was killed (kill -9, a closed terminal, where the system does not
+    # end it with its lab) holds its port and the server: name it and say how to stop it.
+    if orphans := labs.orphans(embedded().home):
+        raise ConfigurationError("; ".join(lab.describe() for lab in orphans) + "; then run again")
     # Before the server starts and before a link is printed: a busy port would hand the
     # participant a link to whatever holds it.
     if not port_free(args.port, args.ip):
@@ -129,17 +143,18 @@ def _run_lab(args: argparse.Namespace, nbdir: Path, token: str, dsn: str) -> int
         env[settings.DATABASE_URL] = url  # the kernels find the same server
     if args.solutions:
         env[settings.SOLUTIONS] = "1"  # the kernels' exercises read it
-    # gitsave: a notebook run and saved stays unchanged for git (`git pull` goes through).
-    cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={nbdir}",
-           f"--ServerApp.ip={args.ip}", f"--ServerApp.port={args.port}",
-           "--ServerApp.port_retries=0", gitsave.JUPYTER_OPTION]
-    if args.no_browser:
-        cmd.append("--no-browser")
-    if os.geteuid() == 0:
-        cmd.append("--allow-root")
+    # The notebooks' kernel "tenantlab" and JupyterLab's defaults (no news, no update pop-up),
+    # in this environment: a user's own python3 kernelspec cannot stand in for the kit's.
+    try:
+        labenv.install()
+    except OSError as e:
+        raise TenantlabError(f"cannot install the notebooks' kernel in {sys.prefix} ({e.strerror}): "
+                             "run `python -m tenantlab.labenv` as the environment's owner") from e
+    cmd = jupyter_command(args, nbdir, labs.workspaces(embedded().home))
     # Its own session: a Ctrl-C reaches us, and we stop Jupyter before the server. And it ends
     # with us whatever ends us (a kill -9, a closed terminal): no orphan keeps the port.
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_end_with_parent)
+    labs.note_jupyter(embedded().home, proc.pid)  # if it outlives us, the next lab names it
     try:
         # The link once it works: printed earlier, a click got "connection refused".
         if _answers(proc, args.ip, args.port, token):
@@ -156,6 +171,24 @@ def _run_lab(args: argparse.Namespace, nbdir: Path, token: str, dsn: str) -> int
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def jupyter_command(args: argparse.Namespace, nbdir: Path, workspaces: Path) -> list[str]:
+    """Return JupyterLab's command line for this lab.
+
+    gitsave: a notebook run and saved stays unchanged for git (`git pull` goes through). A
+    workspaces directory of this lab's own (removed when it ends): a second lab on the checkout,
+    or a later one, does not reopen this one's tabs and start a kernel for each.
+    """
+    cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={nbdir}",
+           f"--ServerApp.ip={args.ip}", f"--ServerApp.port={args.port}",
+           "--ServerApp.port_retries=0", gitsave.JUPYTER_OPTION,
+           f"--LabApp.workspaces_dir={workspaces}"]
+    if args.no_browser:
+        cmd.append("--no-browser")
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    return cmd
 
 
 def lab_url(ip: str, port: int, token: str) -> str:

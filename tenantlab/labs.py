@@ -3,7 +3,11 @@
 A lab writes ``<home>/labs/<pid>-<random>.json`` before it starts anything and removes that one
 marker, never another lab's, when it stops or fails to start. ``tenantlab down`` and ``make
 clean`` refuse while a marker names a live process, and say which labs those are. A marker whose
-process is gone (a lab killed with SIGKILL) is stale: ignored, and removed on the way.
+process is gone (a lab killed with SIGKILL) is stale: ignored, and removed on the way, unless
+the JupyterLab it started still runs (an orphan: on Linux JupyterLab ends with its lab, elsewhere
+it may not): then the next lab, ``down`` and ``make clean`` name it and say how to stop it.
+Each lab has a JupyterLab workspaces directory of its own beside its marker, removed with it:
+a second lab, or a later one, does not reopen this lab's tabs.
 
 The server a lab started belongs to the labs, not to that one lab: the last lab out stops it,
 whichever of them started it, so a lab never loses its server under it. A server that was
@@ -20,6 +24,9 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,15 +48,28 @@ class Lab:
 
     pid: int
     jupyter: str = "?"
+    #: JupyterLab's own pid, once the lab started it.
+    jupyter_pid: int | None = None
+    #: The lab ended (kill -9, a closed terminal) and its JupyterLab did not.
+    orphan: bool = False
 
     def describe(self) -> str:
+        if self.orphan:
+            return (f"JupyterLab pid {self.jupyter_pid} on {self.jupyter}, left running by a lab "
+                    f"that ended (pid {self.pid}): stop it with `kill {self.jupyter_pid}`")
         return f"pid {self.pid} (JupyterLab on {self.jupyter})"
 
 
 class LabsRunning(TenantlabError):
     """A command that would take the server away from running labs."""
 
-    def __init__(self, home: Path, found: list[Lab]) -> None:
+    def __init__(self, home: Path, found: list[Lab], servers: list[Path] | None = None) -> None:
+        if servers or all(lab.orphan for lab in found):
+            what = [lab.describe() for lab in found] + [
+                f"a server in {path} (stop it with `TENANTLAB_HOME={path} tenantlab down`)"
+                for path in servers or []]
+            super().__init__(f"still running on {home}: {'; '.join(what)}; then run again")
+            return
         one = len(found) == 1
         who = "a lab still uses" if one else f"{len(found)} labs still use"
         stop = "stop it first (Ctrl-C where it runs)" if one else \
@@ -63,6 +83,50 @@ def directory(home: Path) -> Path:
     return home / DIRECTORY
 
 
+def workspaces(home: Path, pid: int | None = None) -> Path:
+    """Return the JupyterLab workspaces directory of the lab with this pid (this process)."""
+    return directory(home) / f"{pid or os.getpid()}.workspaces"
+
+
+def is_jupyter(pid: int) -> bool:
+    """Return True when `pid` is a running JupyterLab (its command line names jupyterlab)."""
+    if not alive(pid):
+        return False
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            errors="replace")
+    except OSError:
+        if sys.platform == "linux":
+            return False
+        try:  # macOS: no /proc
+            args = subprocess.run(["ps", "-o", "args=", "-p", str(pid)], capture_output=True,
+                                  text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return False
+    return "jupyterlab" in args or "jupyter-lab" in args
+
+
+def note_jupyter(home: Path, pid: int) -> None:
+    """Add JupyterLab's pid to this process's marker: an orphan is found by it."""
+    for marker in directory(home).glob(f"{os.getpid()}-*.json"):
+        try:
+            info = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue
+        info["jupyter_pid"] = pid
+        marker.write_text(json.dumps(info) + "\n")
+
+
+def servers_inside(home: Path) -> list[Path]:
+    """Return the state directories inside `home` whose server runs (the suite's .tenantlab/gw1):
+    removing `home` would pull their data from under them."""
+    if not home.is_dir():
+        return []
+    return [sub for sub in sorted(home.iterdir())
+            if sub.is_dir() and (sub / "data" / "postmaster.pid").exists()
+            and Server(sub).pid() is not None]
+
+
 def running(home: Path, *, besides: Path | None = None) -> list[Lab]:
     """Return the labs running on this state directory (besides one marker); drop stale markers."""
     found: list[Lab] = []
@@ -71,13 +135,18 @@ def running(home: Path, *, besides: Path | None = None) -> list[Lab]:
             continue
         try:
             info = json.loads(marker.read_text())
-            lab = Lab(int(info["pid"]), str(info.get("jupyter", "?")))
+            jpid = info.get("jupyter_pid")
+            lab = Lab(int(info["pid"]), str(info.get("jupyter", "?")),
+                      int(jpid) if jpid is not None else None)
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being written, or not ours: never removed here
         if alive(lab.pid):
             found.append(lab)
+        elif lab.jupyter_pid is not None and is_jupyter(lab.jupyter_pid):
+            found.append(Lab(lab.pid, lab.jupyter, lab.jupyter_pid, orphan=True))
         else:
             marker.unlink(missing_ok=True)
+            shutil.rmtree(workspaces(home, lab.pid), ignore_errors=True)
     try:
         pid = int((home / LEGACY).read_text().split()[0])
     except (OSError, IndexError, ValueError):
@@ -88,10 +157,17 @@ def running(home: Path, *, besides: Path | None = None) -> list[Lab]:
     return found
 
 
-def refuse_while_running(home: Path) -> None:
-    """Raise LabsRunning, naming them, when labs use the server in `home`."""
-    if found := running(home):
-        raise LabsRunning(home, found)
+def refuse_while_running(home: Path, *, servers: bool = False) -> None:
+    """Raise LabsRunning, naming them, when labs use the server in `home` (or an orphaned
+    JupyterLab runs); with `servers`, also when a server runs in a state directory inside it."""
+    found, inside = running(home), servers_inside(home) if servers else []
+    if found or inside:
+        raise LabsRunning(home, found, inside)
+
+
+def orphans(home: Path) -> list[Lab]:
+    """Return the JupyterLabs whose lab ended without them."""
+    return [lab for lab in running(home) if lab.orphan]
 
 
 @contextmanager
@@ -142,6 +218,7 @@ def lab(server: Server, jupyter: str, port: int | None = None,
         if directory(home).exists():  # else purged under us (`down --purge --force`)
             with locked(home):
                 marker.unlink(missing_ok=True)
+                shutil.rmtree(workspaces(home), ignore_errors=True)
                 if (ready and not external and not running(home)
                         and (directory(home) / STARTED).exists()):
                     server.down()

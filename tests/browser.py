@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 
 from tenantlab.server import free_port
 
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
 if TYPE_CHECKING:
     from playwright.sync_api import Page, Route, WebSocket
 
@@ -159,6 +161,7 @@ def lab(admin_dsn: str, home: Path, notebooks: list[Path]) -> Iterator[Lab]:
     copies.mkdir(parents=True)
     for path in notebooks:
         shutil.copy(path, copies / path.name)
+    shutil.copy(NOTEBOOKS / "kit.py", copies / "kit.py")  # the notebooks' first import
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "JPY_"))}
     env.update(_private_jupyter(home), TENANTLAB_DATABASE_URL=admin_dsn, TENANTLAB_SIZE="workshop",
                TENANTLAB_NOTEBOOKS=str(copies))

@@ -60,6 +60,9 @@ def test_lab_starts_headless_and_stops_cleanly(stop: signal.Signals) -> None:
         assert Server(home).pid() is not None, "the lab did not start the embedded server"
         if stop == signal.SIGTERM:
             _save_a_run_through_jupyterlab(port, token, checkout)
+        workspaces = home / "labs" / f"{proc.pid}.workspaces"
+        if stop == signal.SIGINT:
+            _no_pop_ups_and_a_workspace_of_its_own(port, token, workspaces)
         if stop == signal.SIGKILL:  # kill -9 of the lab: JupyterLab must not stay an orphan
             jupyter = _jupyter_pids(port)
             assert jupyter, "JupyterLab's process not found"
@@ -73,6 +76,7 @@ def test_lab_starts_headless_and_stops_cleanly(stop: signal.Signals) -> None:
         proc.send_signal(stop)  # SIGINT: Ctrl-C, also when a shell started us in the background
         assert proc.wait(timeout=60) == 0
         assert Server(home).pid() is None, "the lab left the server it started running"
+        assert not workspaces.exists(), "the lab left its workspace for a later lab to reopen"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -93,6 +97,28 @@ def _jupyter_pids(port: int) -> list[int]:
         if b"jupyterlab" in cmdline and f"--ServerApp.port={port}".encode() in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def _no_pop_ups_and_a_workspace_of_its_own(port: int, token: str, workspaces: Path) -> None:
+    """JupyterLab's news and update notifications are off (tenantlab.labenv's overrides); the
+    layout it saves (its open tabs) goes to this lab's own workspaces directory."""
+    url = f"http://127.0.0.1:{port}/lab/api"
+    plugin = "@jupyterlab/apputils-extension:notification"
+    with urllib.request.urlopen(f"{url}/settings/{plugin}?token={token}", timeout=30) as r:
+        shown = json.load(r)
+    # The defaults JupyterLab serves (with overrides.json applied); no user setting here.
+    defaults = {k: v["default"] for k, v in shown["schema"]["properties"].items()}
+    assert defaults["fetchNews"] == "false" and defaults["checkForUpdates"] is False, defaults
+    assert not shown["settings"], shown["settings"]
+    tabs = {"data": {"layout-restorer:data": {"main": {"current": "notebook:00-start-here.ipynb"}}},
+            "metadata": {"id": "default"}}
+    req = urllib.request.Request(f"{url}/workspaces/default?token={token}", method="PUT",
+                                 data=json.dumps(tabs).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 204
+    saved = list(workspaces.glob("*.jupyterlab-workspace"))
+    assert len(saved) == 1 and "00-start-here" in saved[0].read_text(), list(workspaces.parent.iterdir())
 
 
 def _save_a_run_through_jupyterlab(port: int, token: str, checkout: Path) -> None:

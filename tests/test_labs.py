@@ -135,3 +135,88 @@ def test_clean_without_venv_refuses_while_a_lab_runs(tmp_path: Path) -> None:
     done = subprocess.run(tool, env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert f"removed {home}" in done.stdout and not home.exists()
+
+
+def _listener(*args: str) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a process that listens on a free port, with `args` on its command line (a stand-in
+    for a JupyterLab or a postmaster); return it and its port."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\n"
+                             "s = socket.create_server(('127.0.0.1', int(sys.argv[1])))\n"
+                             "print('ready', flush=True); time.sleep(120)", str(port), *args],
+                            stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    return proc, port
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _dead_pid() -> int:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return gone.pid
+
+
+def test_an_orphaned_jupyterlab_is_named_by_the_next_lab_and_by_clean(tmp_path: Path) -> None:
+    """`kill -9` of a lab whose JupyterLab outlives it (no parent-death signal there): the next
+    lab, `down` and `make clean` name the orphan and say how to stop it."""
+    home = tmp_path / "state"
+    labs.directory(home).mkdir(parents=True)
+    orphan, port = _listener("-m", "jupyterlab", "--notebook-dir=/x")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "TENANTLAB_DATABASE_URL")} | {"TENANTLAB_HOME": str(home)}
+    try:
+        marker = labs.directory(home) / f"{_dead_pid()}-0.json"
+        marker.write_text(json.dumps({"pid": int(marker.name.split("-")[0]),
+                                      "jupyter": f"127.0.0.1:{port}", "jupyter_pid": orphan.pid}))
+        workspace = labs.workspaces(home, int(marker.name.split("-")[0]))
+        workspace.mkdir()
+        (found,) = labs.running(home)
+        assert found.orphan and found.jupyter_pid == orphan.pid and marker.exists()
+        lab = subprocess.run([sys.executable, "-m", "tenantlab", "lab", "--no-browser",
+                              "--port", str(port)], env=env, capture_output=True, text=True,
+                             timeout=60)
+        lines = lab.stderr.strip().splitlines()
+        assert lab.returncode == 2 and len(lines) == 1, lab.stderr
+        assert f"JupyterLab pid {orphan.pid} on 127.0.0.1:{port}" in lines[0]
+        assert f"`kill {orphan.pid}`" in lines[0], lines
+        for tool in ([sys.executable, "-m", "tenantlab", "down", "--purge"],
+                     [sys.executable, "-I", str(ROOT / "tools" / "clean_state.py")]):
+            done = subprocess.run(tool, env=env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 1 and f"`kill {orphan.pid}`" in done.stderr, done.stderr
+            assert home.exists()
+    finally:
+        _stop(orphan)
+    # Stale now: the marker and the lab's workspace (its tabs) go.
+    assert labs.running(home) == [] and not marker.exists() and not workspace.exists()
+
+
+def test_clean_refuses_while_a_server_runs_inside_the_state_directory(tmp_path: Path) -> None:
+    """The suite's second server lives in .tenantlab/gw1: `make clean` (either route) must not
+    delete its data under it, and names it."""
+    home = tmp_path / "state"
+    (home / "worker-secret").parent.mkdir(parents=True)
+    (home / "worker-secret").write_text("x\n")
+    postmaster, port = _listener("postgres")
+    (home / "gw1" / "data").mkdir(parents=True)
+    (home / "gw1" / "data" / "postmaster.pid").write_text(
+        f"{postmaster.pid}\n{home / 'gw1' / 'data'}\n0\n{port}\n\n127.0.0.1\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "TENANTLAB_DATABASE_URL")} | {"TENANTLAB_HOME": str(home)}
+    try:
+        assert labs.servers_inside(home) == [home / "gw1"]
+        for tool in ([sys.executable, "-m", "tenantlab", "down", "--purge"],
+                     [sys.executable, "-I", str(ROOT / "tools" / "clean_state.py")]):
+            done = subprocess.run(tool, env=env, capture_output=True, text=True, timeout=60)
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 1 and len(lines) == 1, done.stderr
+            assert f"a server in {home / 'gw1'}" in lines[0] and "tenantlab down" in lines[0]
+            assert (home / "gw1" / "data" / "postmaster.pid").exists()
+    finally:
+        _stop(postmaster)
+    assert labs.servers_inside(home) == []

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import ipywidgets as w
+import nbformat
 import pytest
 
+from notebooks import NOTEBOOKS
 from tenantlab import nb
 
 
@@ -38,21 +41,55 @@ def test_run_panel_shows_an_error_and_frees_the_button() -> None:
 
 
 
-def test_the_first_cell_with_the_server_down_is_one_line(
+#: The notebooks' first cell, as stored (notebook 00's; every notebook starts the same way).
+FIRST_CELL = next(c for c in nbformat.read(NOTEBOOKS / "00-start-here.ipynb", as_version=4).cells
+                  if c.cell_type == "code").source
+
+# (case, environment, what the one line must say, ... once each). {home}: an empty state
+# directory; {wrong_password}: the session server's admin URL with another password.
+FIRST_CELL_DOWN = [
+    ("no embedded server", {"TENANTLAB_HOME": "{home}"}, ["PostgreSQL is not running", "make lab"]),
+    ("a state directory that is a file", {"TENANTLAB_HOME": "{file}"}, ["TENANTLAB_HOME"]),
+    ("nothing on the URL's port", {"TENANTLAB_DATABASE_URL": "postgresql://u:p@127.0.0.1:1/x"},
+     ["cannot connect to PostgreSQL", "TENANTLAB_DATABASE_URL", "run this cell again"]),
+    ("a refused login", {"TENANTLAB_DATABASE_URL": "{wrong_password}"},
+     ["cannot log in", "TENANTLAB_DATABASE_URL", "run this cell again"]),
+    ("no tenantlab in the kernel", {"NO_TENANTLAB": "1"},
+     ["no module 'tenantlab'", "\u201ctenantlab (Python 3."]),
+]
+
+
+@pytest.mark.parametrize("case, env, says", FIRST_CELL_DOWN, ids=[c[0] for c in FIRST_CELL_DOWN])
+def test_the_first_cell_when_it_cannot_start_is_one_line(
+        case: str, env: dict[str, str], says: list[str], admin_dsn: str,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """No traceback, and the advice once: what a participant sees when the server is down."""
+    """No traceback, and the advice once: what a participant sees when the server is down, the
+    login is refused, or the notebook runs on a kernel without the kit."""
     from IPython.core.interactiveshell import InteractiveShell
+    from psycopg.conninfo import make_conninfo
 
-    monkeypatch.delenv("TENANTLAB_DATABASE_URL", raising=False)
-    monkeypatch.delenv("DATABASE_URL", raising=False)
-    monkeypatch.setenv("TENANTLAB_HOME", str(tmp_path / "no-server-here"))
+    (tmp_path / "a-file").write_text("not a directory\n")
+    fill = {"home": str(tmp_path / "no-server-here"), "file": str(tmp_path / "a-file"),
+            "wrong_password": make_conninfo(admin_dsn, password="not-the-password")}
+    for name in ("TENANTLAB_DATABASE_URL", "DATABASE_URL", "TENANTLAB_HOME", "TENANTLAB_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        if name == "NO_TENANTLAB":  # as in a kernel of another environment
+            monkeypatch.setitem(sys.modules, "tenantlab", None)
+            monkeypatch.setitem(sys.modules, "tenantlab.nb", None)
+        else:
+            monkeypatch.setenv(name, value.format(**fill))
+    monkeypatch.syspath_prepend(str(NOTEBOOKS))  # the kernel's directory: kit.py
+    monkeypatch.delitem(sys.modules, "kit", raising=False)
     shell = InteractiveShell.instance()
     try:
-        shell.run_cell("import tenantlab.nb as nb\nlab = nb.setup()")
+        shell.run_cell(FIRST_CELL)
     finally:
         InteractiveShell.clear_instance()
+        sys.modules.pop("kit", None)
     shown = capsys.readouterr().out
     lines = [ln for ln in shown.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in shown, shown
-    assert "PostgreSQL is not running" in lines[0] and lines[0].count("make lab") == 1
+    for words in says:
+        assert lines[0].count(words) == 1, (words, lines[0])

@@ -12,7 +12,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from notebooks import NOTEBOOKS, clone_with_filter, git, pull_after_save, run_clean
+from notebooks import (
+    NOTEBOOKS,
+    again_order,
+    clone_with_filter,
+    git,
+    pull_after_save,
+    run_clean,
+    run_notebook,
+)
 
 
 def test_notebooks_are_stored_without_outputs() -> None:
@@ -66,3 +74,34 @@ def test_a_notebook_saved_in_place_by_nbconvert_leaves_git_status_clean(tmp_path
     assert done.returncode == 0, done.stderr
     assert "what a run printed" in (checkout / name).read_text()  # the run stays in the file
     assert git(checkout, "status", "--porcelain") == ""
+
+
+def test_the_second_pass_is_shuffled_within_its_budget_the_first_cell_first() -> None:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# t")] + [
+        nbformat.v4.new_code_cell(f"x{i} = {i}") for i in range(1, 9)])
+    took = {i: 0.1 for i in range(1, 9)} | {5: 50.0}  # cell 5: an experiment
+    order = again_order(nb, took, seed="a.ipynb")
+    assert order[0] == 1 and 5 not in order and sorted(order) == [1, 2, 3, 4, 6, 7, 8]
+    assert order != sorted(order) and order == again_order(nb, took, seed="a.ipynb")
+    assert 5 in again_order(nb, took | {5: 3.0}, seed="a.ipynb", share=1.0)  # affordable now
+
+
+def test_a_name_a_later_part_reuses_fails_the_second_pass(tmp_path: Path) -> None:
+    """Part 2 reuses part 1's name for another thing: top to bottom works, running part 1's
+    cell again after part 2 (as a workshop does) does not, and the run says so."""
+    from nbclient.exceptions import CellExecutionError
+
+    cells = ["import math", "chart = {'workers': 4}", "chart['workers']",
+             "chart = {'tenants': 99}"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "tenantlab", "display_name": "tenantlab",
+                                 "language": "python"}
+    path = tmp_path / "reused.ipynb"
+    nbformat.write(nb, path)
+    with pytest.raises(CellExecutionError, match="KeyError"):
+        run_notebook(path, timeout=60)
+    cells[3] = "tenants_chart = {'tenants': 99}"  # named per part: runs in any order
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nbformat.write(nb, path)
+    done = run_notebook(path, timeout=60)
+    assert [o.get("data", {}).get("text/plain") for o in done.cells[2].outputs] == ["4"]

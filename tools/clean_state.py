@@ -2,7 +2,9 @@
 
 The same paths as `tenantlab down --purge` (``Server.state_paths``: the state directory, the
 copy of PostgreSQL's binaries made for the server user, an emptied /var/lib/tenantlab), unless
-a lab or a server still runs on them: without .venv there are no binaries to stop a server with.
+a lab, an orphaned JupyterLab or a server still runs on them (a server in a state directory
+inside, as the suite's .tenantlab/gw1, too): without .venv there are no binaries to stop a server
+with.
 Standard library only: ``tenantlab.server`` and ``tenantlab.labs`` loaded without the package's
 dependencies.
 """
@@ -24,7 +26,7 @@ from tenantlab import labs, server  # noqa: E402
 def main() -> int:
     s = server.embedded()
     try:
-        labs.refuse_while_running(s.home)
+        labs.refuse_while_running(s.home, servers=True)
     except labs.LabsRunning as e:
         print(f"make clean: {e}", file=sys.stderr)
         return 1

@@ -27,7 +27,7 @@ import json
 import sys
 
 #: What a notebook of this repository runs on, whatever kernel a participant picked.
-KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+KERNELSPEC = {"display_name": "tenantlab (Python 3.12)", "language": "python", "name": "tenantlab"}
 NOTEBOOK_KEYS = {"kernelspec", "language_info", "title", "authors"}
 CELL_KEYS = {"tags", "editable", "deletable", "name", "slideshow", "format"}
 
