@@ -57,6 +57,15 @@ def setup(*, verbose: bool = False, fmt: str = "text", stream: TextIO | None = N
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler],
                         force=True)
+    handler.addFilter(_pipeline_teardown)
+
+
+def _pipeline_teardown(record: logging.LogRecord) -> bool:
+    """Drop psycopg's "error ignored terminating <psycopg.Pipeline ...>": it repeats, in a
+    repr, the error the worker reports (and acts on) itself, when a statement fails inside a
+    pipeline block."""
+    return not (record.name == "psycopg"
+                and record.getMessage().startswith("error ignored terminating <psycopg.Pipeline"))
 
 
 def fields(claim: Any, outcome: str, error: str | None = None) -> dict[str, Any]:
