@@ -297,6 +297,8 @@ def markdown(result: dict[str, Any]) -> str:
                  *[m.get(c, "") for c in cols]]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     lines += ["", LEGEND, ""]
+    if result.get("note"):
+        lines += [result["note"], ""]
     for again in result.get("reruns", []):
         lines += [f"Run again on {again['date']} ({again['seconds']} s): "
                   f"{', '.join(f'`{x}`' for x in again['scenarios'])} of "
