@@ -66,12 +66,14 @@ def test_a_server_that_was_reachable_and_went_away_is_an_outage(home: Path,
     proc = start_worker(home, dsn, "--handlers", "good_handlers", "--max-outage", "1")
     try:
         with scratch.connect("admin", "test cli", autocommit=True) as admin:
-            # The serving session, not the preflight's (tagged "... preflight"): a server gone
+            # The serving session, not the preflight's (tagged "... preflight") nor the
+            # heartbeat's (opened at start too, "... heartbeat"): a server gone
             # during the preflight was never reached, a configuration error (2), no outage.
             wait_for("the worker's session", lambda: admin.execute(
                 "select count(*) from pg_stat_activity where datname = current_database() "
                 "and application_name like 'jobqueue worker-%%' "
-                "and application_name not like '%% preflight'").fetchone()[0] == 1, proc)
+                "and application_name not like '%% preflight' "
+                "and application_name not like '%% heartbeat'").fetchone()[0] == 1, proc)
         proxy.close()  # the server goes away: its sessions cut, new connections refused
         code, err = finish(proc)
     finally:
