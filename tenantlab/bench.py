@@ -43,7 +43,7 @@ import psycopg
 from jobqueue import Leased, Worker, WorkerOptions, enqueue, enqueue_many
 from jobqueue.options import Parser, count, number
 
-from . import db, kinds, queue
+from . import bench_ceiling, db, kinds, queue
 from .queries import q
 from .validate import output_file
 
@@ -65,12 +65,16 @@ LOOPS: dict[str, WorkerOptions] = {
 }
 BATCH = 10
 LATENCY_JOBS = 60
+#: The ceiling's rows (bench_ceiling): jobs per transaction of each.
+CEILINGS = {"one": 1, "batch": BATCH}
 
 #: What each of the kit's rows makes durable per WAL flush (read from its code; the bench counts
 #: the flushes, ``wal_flushes_per_job``).
 DURABILITY = {
     "select1": "no write",
     "commit1": "one flush per commit: the floor under a flush per job",
+    "ceiling_one": "flush per job: the finish and the next claim in one commit (pgbench)",
+    "ceiling_batch": "flush per batch: 10 finishes and the next claim in one commit (pgbench)",
     "single": "flush per job: claim, work and finish in one commit",
     "leased_run_one": "two flushes per job: the claim commits on its own, then the finish",
     "leased_lossy_claim": "flush per job: the finish; the claim commits without waiting for "
@@ -345,7 +349,10 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
     with db.scratch("bench") as s, product_db() as p:
         drain(s, "single", min(jobs, 200))  # warm up: caches, plans, the first connection
         drain(p, "leased", min(jobs, 200))
-        names = ["select1", "commit1", *DESIGNS, *LOOPS, *ROUTING, "enqueue_one", "enqueue_many",
+        pgbench = bench_ceiling.pgbench()
+        ceilings = [f"ceiling_{k}" for k in CEILINGS] if pgbench else []
+        names = ["select1", "commit1", *ceilings, *DESIGNS, *LOOPS, *ROUTING, "enqueue_one",
+                 "enqueue_many",
                  *peer_names, *(f"workers_{w}" for w in counts)]
         runs: dict[str, list[float]] = {name: [] for name in names}
         flushes: dict[str, list[float]] = {}
@@ -373,6 +380,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
             loops = max(jobs, 2000)
             measure("select1", loops, select1, s, loops)
             measure("commit1", loops, commit1, s, loops)
+            for name in ceilings:
+                measure(name, jobs, bench_ceiling.run, p, jobs, CEILINGS[name[8:]], pgbench)
             for name in DESIGNS:
                 measure(name, jobs, drain, s, name, jobs)
             for name in LOOPS:
@@ -410,11 +419,15 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
             say(f"idle latency {name}", latency[name])
         settings = _settings(s)
     jps = {k: v["jobs_per_s"] for k, v in results.items()}
+    ceiling = {k: jps[f"ceiling_{k}"] for k in CEILINGS if f"ceiling_{k}" in jps} or None
     notes = DURABILITY | peer_notes
     return {
         "server_version": db.server_version(), "jobs": jobs, "rounds": rounds,
         "settings": settings,
         "results": results,
+        # the worker's own claim and finish statements run by pgbench, no Python between them
+        # (bench_ceiling): jobs/s at one job per transaction and at BATCH; null without pgbench
+        "ceiling": ceiling,
         "history": hist,
         # the claim with jobs in front of the ready ones that it must not take: not yet due
         # (scheduled, in backoff), or exhausted and unreaped; their counts, then ms. The
@@ -425,7 +438,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         "scaling": scaling,
         # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
         "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
-        "ratios": {**_ratios(jps, hist, history, not_due, spent), **_routing_ratios(jps)},
+        "ratios": {**_ratios(jps, hist, history, not_due, spent), **_routing_ratios(jps),
+                   **_ceiling_ratios(jps, ceiling)},
         # WAL flushes per job (per commit for commit1), median over the rounds, counted
         # server-wide (pg_stat_wal): what each row's durability costs, as measured
         "wal_flushes_per_job": {k: round(statistics.median(v), 3) for k, v in flushes.items()},
@@ -504,6 +518,22 @@ def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int,
     return {k: round(v, 3) for k, v in out.items()}
 
 
+def _ceiling_ratios(jps: dict[str, float], ceiling: dict[str, float] | None) -> dict[str, float]:
+    """Return every row as a share of the ceiling: ``<row>_vs_ceiling`` (one job per
+    transaction) and ``<row>_vs_ceiling_batch`` (BATCH per transaction)."""
+    if not ceiling:
+        return {}
+    out = {}
+    for name, rate in jps.items():
+        if name.startswith("ceiling_"):
+            continue
+        if "one" in ceiling:
+            out[f"{name}_vs_ceiling"] = round(rate / ceiling["one"], 3)
+        if "batch" in ceiling:
+            out[f"{name}_vs_ceiling_batch"] = round(rate / ceiling["batch"], 3)
+    return out
+
+
 def _settings(s: db.Scratch) -> dict[str, str]:
     with s.connect("admin", "bench settings", autocommit=True) as c:
         return {name: db.scalar(c, q("bench_setting"), {"name": name})
@@ -564,6 +594,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         extra = f"  client CPU {cpu[name]:.3f} ms/job" if name in cpu else ""
         extra += f"  {flushes[name]:.2f} WAL flushes/job" if name in flushes else ""
         print(f"  {name:24} {v['jobs_per_s']:8.0f} jobs/s  {v['ms_per_job']:.3f} ms/job{extra}")
+    if r["ceiling"]:
+        print("  ceiling (the worker's claim and finish in pgbench, no Python): "
+              + ", ".join(f"{k} {v:,.0f} jobs/s" for k, v in r["ceiling"].items()))
     for h, v in r["history"].items():
         print(f"  claim with {int(h):>9,} finished jobs: {v['claim_ms']:.3f} ms "
               f"({v['claim_ms_empty_queue']:.3f} ms on an empty queue)")
