@@ -42,6 +42,7 @@ from typing import Any
 import psycopg
 from jobqueue import Leased, Worker, WorkerOptions, enqueue, enqueue_many
 from jobqueue.options import Parser, count, number
+from jobqueue.queries import q as jq
 
 from . import bench_ceiling, db, kinds, queue
 from .queries import q
@@ -265,6 +266,60 @@ def claim_cost(s: db.Scratch, history: int, samples: int = 500, **not_due: int) 
             "claim_ms_empty_queue": round(statistics.median(empty) * 1000, 3)}
 
 
+#: Jobs of the bulk operations before claim_after_bulk's first claims (issue 32, item 4).
+BULK = 100_000
+
+
+def _claim_plan(conn: psycopg.Connection, leased: Leased) -> int:
+    """Return the buffers one claim reads (EXPLAIN ANALYZE, rolled back): its plan's cost."""
+    query, params = leased.claim_query(1)
+    with conn.transaction(force_rollback=True):
+        (doc,) = conn.execute(b"explain (analyze, buffers, format json) " + query.encode(),
+                              params).fetchone() or (None,)
+    plan = (doc if isinstance(doc, list) else json.loads(doc))[0]["Plan"]
+    return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
+
+
+def _first_claims(conn: psycopg.Connection, samples: int) -> tuple[float, int]:
+    """Return the median ms of the first `samples` claims, and the buffers of the first."""
+    leased = Leased(kinds.handlers, lease=30.0, heartbeat=None)
+    buffers = _claim_plan(conn, leased)
+    ms = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        claim = leased.claim(conn)
+        ms.append(time.perf_counter() - t)
+        assert claim is not None
+        leased.run_claimed(conn, claim, lambda c, j: None)
+    return round(statistics.median(ms) * 1000, 3), buffers
+
+
+def claim_after_bulk(p: db.Scratch, jobs: int = BULK, samples: int = 20) -> dict[str, Any]:
+    """Return the first claims' median ms (and buffers) right after a bulk operation.
+
+    The statistics are those of the table before it (empty; only dead jobs): what autoanalyze
+    leaves for about a minute after ``enqueue_many`` of `jobs` jobs, or ``retry --dead`` of
+    `jobs`. A claim whose plan depends on them would read the whole backlog.
+    """
+    out: dict[str, Any] = {"jobs": jobs}
+    _reset(p)
+    with p.connect("admin", "bench bulk", autocommit=True) as admin:
+        admin.execute(q("bench_analyze_jobs"))
+    with p.connect("worker", "bench bulk", autocommit=True) as conn:
+        enqueue_many(conn, [{"kind": "noop", "tenant": 1 + i % 100, "payload": {}}
+                            for i in range(jobs)])
+        ms, buffers = _first_claims(conn, samples)
+    out |= {"claim_after_bulk_ms": ms, "claim_after_bulk_buffers": buffers}
+    _reset(p)
+    with p.connect("admin", "bench bulk", autocommit=True) as admin:
+        admin.execute(q("bench_fill_dead"), {"n": jobs})
+        admin.execute(q("horizon_vacuum_analyze_jobs"))
+    with p.connect("worker", "bench retry dead", autocommit=True) as conn:
+        conn.execute(jq("retry_dead"), {"attempts": 3, "kind": None, "tenant": None})
+        ms, buffers = _first_claims(conn, samples)
+    return out | {"claim_after_retry_dead_ms": ms, "claim_after_retry_dead_buffers": buffers}
+
+
 def _worker_argv(*extra: str) -> list[str]:
     # The production entry point with the demo kinds: no notebook machinery to import.
     return [sys.executable, "-m", "jobqueue", "--handlers", "tenantlab.kinds", *extra]
@@ -333,7 +388,8 @@ def _rate(rates: list[float]) -> dict[str, Any]:
 
 def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int = 4,
         peers: bool = False, progress: Callable[[str, Any], None] | None = None,
-        scheduled: int = 100_000, backoff: int = 10_000, exhausted: int = 1_000) -> dict[str, Any]:
+        scheduled: int = 100_000, backoff: int = 10_000, exhausted: int = 1_000,
+        bulk_jobs: int = BULK) -> dict[str, Any]:
     """Measure everything once; return the JSON document ``tenantlab bench --json`` writes."""
     say = progress or (lambda name, value: None)
     drift: dict[str, Any] = {}
@@ -410,6 +466,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         if exhausted:
             spent.update(claim_cost(p, 0, exhausted=exhausted))
             say("exhausted, unreaped", spent)
+        bulk = claim_after_bulk(p, bulk_jobs) if bulk_jobs else {}
+        say("claim after bulk", bulk)
         after = claim_cost(p, 0)
         say("history 0 again", after)
         hist["0"] = {k: round((before[k] + after[k]) / 2, 3) for k in before}
@@ -434,11 +492,16 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         # baseline of both is history["0"].
         "not_due": not_due,
         "exhausted": spent,
+        # the first claims right after enqueue_many of `jobs` jobs and after retry --dead of
+        # as many, on the statistics of before (median ms, buffers of the first); its baseline
+        # is claim_ms (history["0"]); {} when --bulk 0
+        "claim_after_bulk": bulk | ({"claim_ms": hist["0"]["claim_ms"]} if bulk else {}),
         "idle_latency_ms": latency,
         "scaling": scaling,
         # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
         "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
-        "ratios": {**_ratios(jps, hist, history, not_due, spent), **_routing_ratios(jps),
+        "ratios": {**_ratios(jps, hist, history, not_due, spent), **_bulk_ratios(bulk, hist),
+                   **_routing_ratios(jps),
                    **_ceiling_ratios(jps, ceiling)},
         # WAL flushes per job (per commit for commit1), median over the rounds, counted
         # server-wide (pg_stat_wal): what each row's durability costs, as measured
@@ -518,6 +581,14 @@ def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int,
     return {k: round(v, 3) for k, v in out.items()}
 
 
+def _bulk_ratios(bulk: dict[str, Any], hist: dict[str, Any]) -> dict[str, float]:
+    if not bulk:
+        return {}
+    base = hist["0"]["claim_ms"]
+    return {"claim_after_bulk_vs_claim": round(bulk["claim_after_bulk_ms"] / base, 3),
+            "claim_after_retry_dead_vs_claim": round(bulk["claim_after_retry_dead_ms"] / base, 3)}
+
+
 def _ceiling_ratios(jps: dict[str, float], ceiling: dict[str, float] | None) -> dict[str, float]:
     """Return every row as a share of the ceiling: ``<row>_vs_ceiling`` (one job per
     transaction) and ``<row>_vs_ceiling_batch`` (BATCH per transaction)."""
@@ -563,6 +634,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=1_000,
                    help="running jobs with their lease out and attempts spent, not yet reaped, "
                         "in front of the ready ones, measured apart (default 1,000; 0: not)")
+    p.add_argument("--bulk", type=number(int, "bulk", zero=True, most=MAX_ROWS), default=BULK,
+                   help="jobs of the enqueue_many and the retry --dead before the first claims "
+                        "are timed (default 100,000; 0: not)")
     p.add_argument("--workers", type=count("workers", most=64), default=4,
                    help="worker processes at most for the scaling run (1, 2, 4, 8 up to W)")
     p.add_argument("--peers", action="store_true",
@@ -585,7 +659,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"  {name:24} {shown}", file=sys.stderr, flush=True)
 
     r = run(args.jobs, args.rounds, args.history, args.workers, args.peers, progress,
-            args.scheduled, args.backoff, args.exhausted)
+            args.scheduled, args.backoff, args.exhausted, args.bulk)
     print(f"PostgreSQL {r['server_version']} (fsync {r['settings']['fsync']}, synchronous_commit "
           f"{r['settings']['synchronous_commit']}), {r['jobs']} no-op jobs, median of "
           f"{r['rounds']} rounds")
@@ -606,6 +680,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if "claim_ms" in ex:
         print(f"  claim behind {ex['exhausted']:,} exhausted, unreaped: {ex['claim_ms']:.3f} ms "
               f"({ex['claim_ms_empty_queue']:.3f} ms on an empty queue)")
+    if b := r["claim_after_bulk"]:
+        print(f"  first claims after enqueue_many of {b['jobs']:,}: {b['claim_after_bulk_ms']:.3f} ms"
+              f" ({b['claim_after_bulk_buffers']} buffers), after retry --dead: "
+              f"{b['claim_after_retry_dead_ms']:.3f} ms ({b['claim_after_retry_dead_buffers']} "
+              f"buffers), against {b['claim_ms']:.3f} ms")
     for name, v in r["idle_latency_ms"].items():
         print(f"  idle latency {name:12} median {v['median']:.1f} ms, p95 {v['p95']:.1f} ms")
     for name, v in r["ratios"].items():

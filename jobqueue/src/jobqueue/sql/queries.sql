@@ -444,7 +444,7 @@ select p.privilege || ' on ' || p.object
 -- name: claim_round_robin
 with recursive tenants as (
   (select tenant_id from jobqueue.jobs
-    where status in ('queued', 'running') and attempts < max_attempts
+    where status in ('queued', 'running') and attempts < max_attempts and tenant_id is not null
     order by tenant_id limit 1)
   union all
   select (select j.tenant_id from jobqueue.jobs j
