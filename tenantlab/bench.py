@@ -63,7 +63,13 @@ LOOPS: dict[str, WorkerOptions] = {
     "leased_batch": WorkerOptions(until_empty=True, listen=False, batch=10),
     "leased_batch_commit": WorkerOptions(until_empty=True, listen=False, batch=10,
                                          batch_commit=True),
+    # Fair claims (issue 32, item 3): the same loop over the same jobs, --fair round-robin and
+    # --fair limit=1 (one worker: the limit skips the tenant of the job it just finished).
+    "leased_round_robin": WorkerOptions(until_empty=True, listen=False, fair="round-robin"),
+    "leased_limit": WorkerOptions(until_empty=True, listen=False, fair="limit=1"),
 }
+#: The loops' jobs are spread over this many tenants (``--tenants``); at least one job each.
+TENANTS = 100
 BATCH = 10
 LATENCY_JOBS = 60
 #: The ceiling's rows (bench_ceiling): jobs per transaction of each.
@@ -85,6 +91,8 @@ DURABILITY = {
     "leased_no_heartbeat": "flush per job, as `leased`",
     "leased_batch": "flush per job: each finish commits; the next 10 claimed with the last",
     "leased_batch_commit": "flush per batch: 10 finishes and the next claim in one commit",
+    "leased_round_robin": "flush per job, as `leased`",
+    "leased_limit": "flush per job, as `leased`",
     "workers": "flush per job, as `leased`",
 }
 
@@ -138,11 +146,20 @@ def wal_flushes(s: db.Scratch) -> float | None:
 STATS_SETTLE = 0.2
 
 
-def drain(s: db.Scratch, name: str, jobs: int) -> dict[str, float]:
-    """Queue `jobs` no-op jobs, run them all with one design; return rates (and the drift)."""
+def drain(s: db.Scratch, name: str, jobs: int, tenants: int = TENANTS) -> dict[str, float]:
+    """Queue `jobs` no-op jobs, run them all with one design; return rates (and the drift).
+
+    The worker loops' jobs are spread over `tenants` tenants (as many jobs as tenants at least:
+    each has work); the lab's designs', over the lab's 100.
+    """
     _reset(s)
     with s.connect("worker", "bench enqueue", autocommit=True) as conn:
-        queue.enqueue(conn, "noop", count=jobs)
+        if name in LOOPS:
+            jobs = max(jobs, tenants)
+            enqueue_many(conn, [{"kind": "noop", "tenant": 1 + i % tenants,
+                                 "payload": {"seconds": 0.0}} for i in range(jobs)])
+        else:
+            queue.enqueue(conn, "noop", count=jobs)
     done = 0
     cpu, started = time.process_time(), time.perf_counter()
     if name in LOOPS:
@@ -355,6 +372,66 @@ def idle_latency(s: db.Scratch, listen: bool, jobs: int = LATENCY_JOBS) -> dict[
             "p95": round(ms[min(len(ms) - 1, int(0.95 * len(ms)))], 2)}
 
 
+#: Idle workers for wake_transactions, and the jobs queued one at a time while they wait.
+WAKE_WORKERS = 10
+WAKE_JOBS = 20
+
+
+def wake_transactions(s: db.Scratch, workers: int = WAKE_WORKERS,
+                      jobs: int = WAKE_JOBS) -> dict[str, float]:
+    """Return the server transactions per job queued one at a time with `workers` idle ones.
+
+    Counted from ``pg_stat_database`` (every session of the scratch database), minus those of
+    an equal quiet period with the same workers (their presence and polls) and the enqueues'
+    own: what waking them costs per job (1: one wake-up, one claim).
+    """
+    _reset(s)
+    procs = [subprocess.Popen(_worker_argv("--poll", "30", "--name", f"bench-wake-{i}"),
+                              env=_env(s), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for i in range(workers)]
+
+    def counted(admin: psycopg.Connection) -> float:
+        time.sleep(1.2)  # sessions report their counts at most once a second
+        with admin.transaction():  # a snapshot of the statistics of its own
+            return float(db.scalar(admin, q("bench_db_transactions"), {"name": s.name}))
+
+    own = 0  # this function's transactions in the scratch database: enqueues and polls
+    try:
+        time.sleep(3.0)  # started, connected, listening, idle
+        with db.connect(db.admin_dsn(), "bench wake") as admin, \
+                s.connect("worker", "bench enqueue", autocommit=True) as conn:
+            admin.autocommit = True
+            start = time.monotonic()
+            quiet0 = counted(admin)
+            time.sleep(2.0)
+            quiet = counted(admin) - quiet0
+            quiet_s = time.monotonic() - start
+            start, before = time.monotonic(), counted(admin)
+            for _ in range(jobs):
+                (job,) = queue.enqueue(conn, "noop", tenant=1)
+                own += 1
+                deadline = time.monotonic() + 10
+                while True:
+                    own += 1
+                    if conn.execute(q("job_states")).fetchall()[-1][3] == "done":
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"bench wake: job {job} never ran")
+                    time.sleep(0.01)
+                time.sleep(0.1)  # idle again
+            after = counted(admin)
+            busy_s = time.monotonic() - start
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.communicate(timeout=30)
+    # The workers' own, less what they do when nothing is queued (the quiet rate, same time).
+    woken = after - before - own - quiet * busy_s / quiet_s
+    return {"workers": workers, "jobs": jobs, "quiet_per_s": round(quiet / quiet_s, 2),
+            "transactions_per_job": round(woken / jobs, 2)}
+
+
 def processes(s: db.Scratch, workers: int, jobs: int, *extra: str) -> float:
     """Drain `jobs` no-op jobs with `workers` worker processes; return jobs per second."""
     _reset(s)
@@ -389,7 +466,7 @@ def _rate(rates: list[float]) -> dict[str, Any]:
 def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int = 4,
         peers: bool = False, progress: Callable[[str, Any], None] | None = None,
         scheduled: int = 100_000, backoff: int = 10_000, exhausted: int = 1_000,
-        bulk_jobs: int = BULK) -> dict[str, Any]:
+        bulk_jobs: int = BULK, tenants: int = TENANTS) -> dict[str, Any]:
     """Measure everything once; return the JSON document ``tenantlab bench --json`` writes."""
     say = progress or (lambda name, value: None)
     drift: dict[str, Any] = {}
@@ -441,7 +518,7 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
             for name in DESIGNS:
                 measure(name, jobs, drain, s, name, jobs)
             for name in LOOPS:
-                measure(name, jobs, drain, p, name, jobs)
+                measure(name, max(jobs, tenants), drain, p, name, jobs, tenants)
             for name in ROUTING:
                 measure(name, jobs, drain_routing, p, name, jobs)
             for name, rate in enqueue_rates(p, jobs).items():
@@ -475,12 +552,17 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         for name, listen in (("leased", True), ("leased_poll", False)):
             latency[name] = idle_latency(p, listen)
             say(f"idle latency {name}", latency[name])
+        wake = wake_transactions(p)
+        say("wake-ups", wake)
         settings = _settings(s)
     jps = {k: v["jobs_per_s"] for k, v in results.items()}
     ceiling = {k: jps[f"ceiling_{k}"] for k in CEILINGS if f"ceiling_{k}" in jps} or None
     notes = DURABILITY | peer_notes
     return {
         "server_version": db.server_version(), "jobs": jobs, "rounds": rounds,
+        # the worker loops' jobs (leased, leased_round_robin, leased_limit, ...) are spread over
+        # this many tenants, max(jobs, tenants) jobs each run
+        "tenants": tenants,
         "settings": settings,
         "results": results,
         # the worker's own claim and finish statements run by pgbench, no Python between them
@@ -497,6 +579,9 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         # is claim_ms (history["0"]); {} when --bulk 0
         "claim_after_bulk": bulk | ({"claim_ms": hist["0"]["claim_ms"]} if bulk else {}),
         "idle_latency_ms": latency,
+        # server transactions per job queued one at a time while WAKE_WORKERS workers are idle
+        # (issue 32, item 5: today every idle worker wakes and claims; 1 would be one wake-up)
+        "wake": wake,
         "scaling": scaling,
         # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
         "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
@@ -553,6 +638,9 @@ def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int,
         # What the default heartbeat costs: the worker with it against the worker without.
         "leased_vs_no_heartbeat": jps["leased"] / jps["leased_no_heartbeat"],
         "leased_batch_vs_leased": jps["leased_batch"] / jps["leased"],
+        # The fair claims against FIFO over the same tenants (--tenants): 1.0 = cost nothing.
+        "leased_round_robin_vs_leased": jps["leased_round_robin"] / jps["leased"],
+        "leased_limit_vs_leased": jps["leased_limit"] / jps["leased"],
         "claim_at_history_vs_0": hist[str(history)]["claim_ms"] / hist["0"]["claim_ms"],
         "leased_vs_leased_run_one": jps["leased"] / jps["leased_run_one"],
         "claim_empty_at_history_vs_0": (hist[str(history)]["claim_ms_empty_queue"]
@@ -634,6 +722,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=1_000,
                    help="running jobs with their lease out and attempts spent, not yet reaped, "
                         "in front of the ready ones, measured apart (default 1,000; 0: not)")
+    p.add_argument("--tenants", type=count("tenants", most=1_000_000), default=TENANTS,
+                   help="tenants the worker loops' jobs are spread over (leased, "
+                        "leased_round_robin, leased_limit, ...; default 100; at least one job "
+                        "each)")
     p.add_argument("--bulk", type=number(int, "bulk", zero=True, most=MAX_ROWS), default=BULK,
                    help="jobs of the enqueue_many and the retry --dead before the first claims "
                         "are timed (default 100,000; 0: not)")
@@ -659,7 +751,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"  {name:24} {shown}", file=sys.stderr, flush=True)
 
     r = run(args.jobs, args.rounds, args.history, args.workers, args.peers, progress,
-            args.scheduled, args.backoff, args.exhausted, args.bulk)
+            args.scheduled, args.backoff, args.exhausted, args.bulk, args.tenants)
     print(f"PostgreSQL {r['server_version']} (fsync {r['settings']['fsync']}, synchronous_commit "
           f"{r['settings']['synchronous_commit']}), {r['jobs']} no-op jobs, median of "
           f"{r['rounds']} rounds")
@@ -685,6 +777,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f" ({b['claim_after_bulk_buffers']} buffers), after retry --dead: "
               f"{b['claim_after_retry_dead_ms']:.3f} ms ({b['claim_after_retry_dead_buffers']} "
               f"buffers), against {b['claim_ms']:.3f} ms")
+    w = r["wake"]
+    print(f"  {w['workers']} idle workers: {w['transactions_per_job']:.1f} server transactions per "
+          "job queued")
     for name, v in r["idle_latency_ms"].items():
         print(f"  idle latency {name:12} median {v['median']:.1f} ms, p95 {v['p95']:.1f} ms")
     for name, v in r["ratios"].items():

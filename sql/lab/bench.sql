@@ -79,3 +79,8 @@ from generate_series(1, %(n)s::int) as g;
 -- (empty, or only finished jobs), as autoanalyze leaves them before a bulk operation.
 -- name: bench_analyze_jobs
 analyze jobs;
+
+-- Run by tenantlab.bench (wake_transactions) as admin, from another database: the transactions
+-- the sessions of database `name` have ended so far (committed and rolled back).
+-- name: bench_db_transactions
+select xact_commit + xact_rollback from pg_stat_database where datname = %(name)s;

@@ -9,3 +9,7 @@
 drop index jobqueue.jobs_claimable_by_tenant;
 create index jobs_claimable_by_tenant on jobqueue.jobs (tenant_id, priority desc, claimable_at, id)
   where status in ('queued', 'running') and attempts < max_attempts and tenant_id is not null;
+
+-- The round-robin claim walks the tenants in turn order: least recently served first; '-infinity'
+-- is a tenant found with work and not served yet, 'infinity' an idle one, out of the walk.
+create index tenant_turns_in_turn on jobqueue.tenant_turns (last_served, tenant_id);

@@ -110,6 +110,10 @@ create table jobqueue.tenant_turns (
   last_served timestamptz not null
 );
 
+-- The round-robin claim walks the tenants in turn order: least recently served first; '-infinity'
+-- is a tenant found with work and not served yet, 'infinity' an idle one, out of the walk (0004).
+create index tenant_turns_in_turn on jobqueue.tenant_turns (last_served, tenant_id);
+
 -- The workers running now, by name: the kinds each serves, written at its start and refreshed
 -- while it lives (between jobs, and by its heartbeat during a long one); a row past `expires`
 -- is a worker that stopped without saying so. `stats` reads it for the kinds no worker serves.
