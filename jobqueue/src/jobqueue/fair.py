@@ -44,8 +44,10 @@ class Fair:
 
     policy: str
     limit: int = 0
-    # When this worker's claim last listed every tenant (round-robin): a clock, not the policy.
-    _listed: list[float] = field(default_factory=lambda: [-math.inf], compare=False, repr=False)
+    # When this worker's claim last listed every tenant (round-robin), and whether its last
+    # claim did: a clock, not the policy.
+    _listed: list[float] = field(default_factory=lambda: [-math.inf, 0.0], compare=False,
+                                 repr=False)
 
     @classmethod
     def parse(cls, text: str) -> Fair:
@@ -73,7 +75,16 @@ class Fair:
         full = now - self._listed[0] >= FULL_DISCOVERY
         if full:
             self._listed[0] = now
+        self._listed[1] = float(full)
         return {"full": full, "window": WINDOW}
+
+    def relist(self) -> bool:
+        """After a claim that found nothing: True when it did not list every tenant, and the
+        next claim will (a round-robin claim finds nothing only when a full listing does)."""
+        if self.policy != "round-robin" or self._listed[1]:
+            return False
+        self._listed[0] = -math.inf
+        return True
 
     def __str__(self) -> str:
         return self.policy if self.policy == "round-robin" else f"limit={self.limit}"
