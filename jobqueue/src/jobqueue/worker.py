@@ -139,8 +139,6 @@ class Worker:
         #: The periodic jobs this worker enqueues as their slots come (periodic.py); default:
         #: the package's ``schedules`` registry.
         self.schedules = default_schedules if schedules is None else schedules
-        #: Whether this worker holds the listener's token (and listens) on its connection.
-        self._token = False
         self.periodic = Periodic(self.schedules)
 
     def stop(self, signum: int | None = None, frame: object = None) -> None:
@@ -289,56 +287,25 @@ class Worker:
         return outcomes
 
     def _listen(self, conn: psycopg.Connection) -> bool:
-        """Whether this worker may listen; it does once it holds the listener's token (_wait)."""
-        self._token = False  # a new session holds no token
+        conn.execute(q("listen"))
         return True
 
-    @property
-    def _serves(self) -> str:
-        """What this worker serves, the key of its listener's token: its queues and kinds."""
-        return ",".join(self.queue.queues) + ";" + ",".join(self.queue.kinds())
-
-    def _take_token(self, conn: psycopg.Connection) -> bool:
-        """Become the listener of the workers like this one, if none is: True when it did."""
-        row = conn.execute(q("listener_token"), {"serves": self._serves}).fetchone()
-        if row and row[0]:
-            conn.execute(q("listen"))
-            self._token = True
-        return self._token
-
-    def _hand_on(self, conn: psycopg.Connection) -> None:
-        """Stop listening and free the token, in one transaction (client-side bound: two
-        statements in one simple query)."""
-        psycopg.ClientCursor(conn).execute(q("listener_release"), {"serves": self._serves})
-        self._token = False
-
     def _wait(self, conn: psycopg.Connection, listening: bool) -> None:
-        """Wait for a NOTIFY (or the poll's timeout), waking every 50 ms to check for a stop.
-
-        Only one idle worker of a kind listens (the listener's token): a notification wakes
-        it, it hands the token on and claims; the others poll, and the first of them to poll
-        takes the token. One wake-up per job, not one per idle worker.
-        """
-        if listening and not self._token:
-            # A job queued between the last listener's hand-on and this LISTEN wakes no one:
-            # the poll finds it (at most `poll` seconds late, in that window only).
-            self._take_token(conn)
+        """Wait for a NOTIFY (or the poll's timeout), waking every 50 ms to check for a stop."""
         deadline = time.monotonic() + self.options.poll
         while not self.stopping:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            if not (listening and self._token):
+            if not listening:
                 time.sleep(min(0.05, left))
                 continue
             woke = any(True for _ in conn.notifies(timeout=min(0.05, left), stop_after=1))
             if woke:
                 # One wake for everything received so far (psycopg keeps what came in while
-                # the worker was busy): it all precedes the claim that follows. The token goes
-                # on first: while this one works, the next idle worker listens.
+                # the worker was busy): it all precedes the claim that follows.
                 for _ in conn.notifies(timeout=0):
                     pass
-                self._hand_on(conn)
                 return
 
 

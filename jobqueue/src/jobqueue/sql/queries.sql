@@ -111,20 +111,6 @@ select (select id from job), (select pg_notify('jobqueue', '') from job);
 -- name: listen
 listen jobqueue;
 
--- Run by an idle worker before it listens: the listener's token of the workers that serve what
--- it serves (`serves`: its queues and kinds), a session-level advisory lock taken without
--- waiting. One idle worker per kind of worker listens: an enqueue wakes that one (one claim),
--- not every idle worker (one claim each, all but one finding nothing); the others poll. A
--- session that ends (a crash, an outage) frees the token.
--- name: listener_token
-select pg_try_advisory_lock(hashtext('jobqueue listener ' || %(serves)s));
-
--- Run by the listening worker when a notification wakes it, before it claims: it stops
--- listening and hands the token on (the next idle worker to poll takes it). One transaction.
--- name: listener_release
-unlisten jobqueue;
-select pg_advisory_unlock(hashtext('jobqueue listener ' || %(serves)s));
-
 -- Run by Leased.claim as a statement of its own, committed (durably) before any work starts:
 -- the first claimable jobs of the worker's kinds in its queue, highest priority first, then the
 -- oldest; each attempt counted and its lease set in the same statement. A crash from here on
