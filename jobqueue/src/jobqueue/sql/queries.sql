@@ -447,13 +447,18 @@ select p.privilege || ' on ' || p.object
 -- Guarantee: while a tenant has a claimable job it is in the walk (at the latest after the next
 -- full discovery), and each other tenant is served at most once before it, plus the claims in
 -- flight (one per other worker).
+-- Every set is read as `= any(array(...))`: primary-key lookups whatever the estimates, so the
+-- plan PostgreSQL keeps for the prepared statement (a generic one) is as cheap as a fresh one;
+-- `full` and `batch` are read through `(select ...)`, so a fresh plan cannot look cheaper by
+-- folding them, and PostgreSQL keeps the generic plan instead of planning every claim again
+-- (about 0.8 ms of a 1.8 ms claim at 10,000 tenants).
 -- Not given: weights; two workers claiming at the same moment may serve the same tenant; a
 -- long job still holds its worker; a tenant's job back from a backoff may wait for the next
 -- full discovery (a few seconds) before its turn.
 -- name: claim_round_robin
 with recursive tenants as (
   (select tenant_id from jobqueue.jobs
-    where %(full)s and status in ('queued', 'running') and attempts < max_attempts
+    where (select %(full)s::boolean) and status in ('queued', 'running') and attempts < max_attempts
       and tenant_id is not null
     order by tenant_id limit 1)
   union all
@@ -496,7 +501,7 @@ with recursive tenants as (
             and c.queue = any(%(queues)s::text[]) and c.priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
           order by c.priority desc, c.claimable_at, c.id limit 1
           for update skip locked) as job
-   limit %(batch)s
+   limit (select %(batch)s::int)
 ), walked as (
   -- Where the walk stopped: the last tenant in the walk served now; all of them when the batch
   -- is not full; none when only discovered tenants were served ('-infinity', null).
@@ -509,27 +514,27 @@ with recursive tenants as (
 ), idle as (
   -- The tenants in the walk passed over: no job to take now (an index range of the walk).
   update jobqueue.tenant_turns set last_served = 'infinity'
-   where tenant_id in (
+   where tenant_id = any(array(
          select t.tenant_id from jobqueue.tenant_turns t
           where t.last_served < 'infinity'
             and (t.last_served, t.tenant_id)
                 < ((select last_served from walked), (select tenant_id from walked))
             and t.tenant_id not in (select tenant_id from picked)
           order by t.last_served, t.tenant_id
-          for no key update skip locked)
+          for no key update skip locked))
 ), moved as (
   update jobqueue.tenant_turns set last_served = clock_timestamp()
-   where tenant_id in (select tenant_id from jobqueue.tenant_turns
-                        where tenant_id in (select tenant_id from picked)
-                        for no key update skip locked)
+   where tenant_id = any(array(select tenant_id from jobqueue.tenant_turns
+                                where tenant_id = any(array(select tenant_id from picked))
+                                for no key update skip locked))
 ), woken as (
   -- Discovered, idle, not served now: first in the walk from the next claim on.
   update jobqueue.tenant_turns set last_served = '-infinity'
-   where tenant_id in (select t.tenant_id from jobqueue.tenant_turns t
-                        where t.tenant_id in (select tenant_id from fresh)
-                          and t.tenant_id not in (select tenant_id from picked)
-                          and t.last_served = 'infinity'
-                        for no key update skip locked)
+   where tenant_id = any(array(select t.tenant_id from jobqueue.tenant_turns t
+                                where t.tenant_id = any(array(select tenant_id from fresh))
+                                  and t.tenant_id not in (select tenant_id from picked)
+                                  and t.last_served = 'infinity'
+                                for no key update skip locked))
 ), first_turn as (
   -- Tenants without a turn yet (in this snapshot): served now, or first in the walk next.
   insert into jobqueue.tenant_turns (tenant_id, last_served)
@@ -544,7 +549,7 @@ with recursive tenants as (
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
- where id in (select id from picked)
+ where id = any(array(select id from picked))
 returning id, tenant_id, attempts as attempt, kind, payload;
 
 -- Run by Leased.claim with fair='limit=N': the FIFO claim, skipping the jobs of tenants that
