@@ -42,8 +42,9 @@ from typing import Any
 import psycopg
 from jobqueue import Leased, Worker, WorkerOptions, enqueue, enqueue_many
 from jobqueue.options import Parser, count, number
+from jobqueue.queries import q as jq
 
-from . import db, kinds, queue
+from . import bench_ceiling, db, kinds, queue
 from .queries import q
 from .validate import output_file
 
@@ -62,15 +63,25 @@ LOOPS: dict[str, WorkerOptions] = {
     "leased_batch": WorkerOptions(until_empty=True, listen=False, batch=10),
     "leased_batch_commit": WorkerOptions(until_empty=True, listen=False, batch=10,
                                          batch_commit=True),
+    # Fair claims (issue 32, item 3): the same loop over the same jobs, --fair round-robin and
+    # --fair limit=1 (one worker: the limit skips the tenant of the job it just finished).
+    "leased_round_robin": WorkerOptions(until_empty=True, listen=False, fair="round-robin"),
+    "leased_limit": WorkerOptions(until_empty=True, listen=False, fair="limit=1"),
 }
+#: The loops' jobs are spread over this many tenants (``--tenants``); at least one job each.
+TENANTS = 100
 BATCH = 10
 LATENCY_JOBS = 60
+#: The ceiling's rows (bench_ceiling): jobs per transaction of each.
+CEILINGS = {"one": 1, "batch": BATCH}
 
 #: What each of the kit's rows makes durable per WAL flush (read from its code; the bench counts
 #: the flushes, ``wal_flushes_per_job``).
 DURABILITY = {
     "select1": "no write",
     "commit1": "one flush per commit: the floor under a flush per job",
+    "ceiling_one": "flush per job: the finish and the next claim in one commit (pgbench)",
+    "ceiling_batch": "flush per batch: 10 finishes and the next claim in one commit (pgbench)",
     "single": "flush per job: claim, work and finish in one commit",
     "leased_run_one": "two flushes per job: the claim commits on its own, then the finish",
     "leased_lossy_claim": "flush per job: the finish; the claim commits without waiting for "
@@ -80,6 +91,8 @@ DURABILITY = {
     "leased_no_heartbeat": "flush per job, as `leased`",
     "leased_batch": "flush per job: each finish commits; the next 10 claimed with the last",
     "leased_batch_commit": "flush per batch: 10 finishes and the next claim in one commit",
+    "leased_round_robin": "flush per job, as `leased`",
+    "leased_limit": "flush per job, as `leased`",
     "workers": "flush per job, as `leased`",
 }
 
@@ -133,11 +146,20 @@ def wal_flushes(s: db.Scratch) -> float | None:
 STATS_SETTLE = 0.2
 
 
-def drain(s: db.Scratch, name: str, jobs: int) -> dict[str, float]:
-    """Queue `jobs` no-op jobs, run them all with one design; return rates (and the drift)."""
+def drain(s: db.Scratch, name: str, jobs: int, tenants: int = TENANTS) -> dict[str, float]:
+    """Queue `jobs` no-op jobs, run them all with one design; return rates (and the drift).
+
+    The worker loops' jobs are spread over `tenants` tenants (as many jobs as tenants at least:
+    each has work); the lab's designs', over the lab's 100.
+    """
     _reset(s)
     with s.connect("worker", "bench enqueue", autocommit=True) as conn:
-        queue.enqueue(conn, "noop", count=jobs)
+        if name in LOOPS:
+            jobs = max(jobs, tenants)
+            enqueue_many(conn, [{"kind": "noop", "tenant": 1 + i % tenants,
+                                 "payload": {"seconds": 0.0}} for i in range(jobs)])
+        else:
+            queue.enqueue(conn, "noop", count=jobs)
     done = 0
     cpu, started = time.process_time(), time.perf_counter()
     if name in LOOPS:
@@ -261,6 +283,60 @@ def claim_cost(s: db.Scratch, history: int, samples: int = 500, **not_due: int) 
             "claim_ms_empty_queue": round(statistics.median(empty) * 1000, 3)}
 
 
+#: Jobs of the bulk operations before claim_after_bulk's first claims (issue 32, item 4).
+BULK = 100_000
+
+
+def _claim_plan(conn: psycopg.Connection, leased: Leased) -> int:
+    """Return the buffers one claim reads (EXPLAIN ANALYZE, rolled back): its plan's cost."""
+    query, params = leased.claim_query(1)
+    with conn.transaction(force_rollback=True):
+        (doc,) = conn.execute(b"explain (analyze, buffers, format json) " + query.encode(),
+                              params).fetchone() or (None,)
+    plan = (doc if isinstance(doc, list) else json.loads(doc))[0]["Plan"]
+    return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
+
+
+def _first_claims(conn: psycopg.Connection, samples: int) -> tuple[float, int]:
+    """Return the median ms of the first `samples` claims, and the buffers of the first."""
+    leased = Leased(kinds.handlers, lease=30.0, heartbeat=None)
+    buffers = _claim_plan(conn, leased)
+    ms = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        claim = leased.claim(conn)
+        ms.append(time.perf_counter() - t)
+        assert claim is not None
+        leased.run_claimed(conn, claim, lambda c, j: None)
+    return round(statistics.median(ms) * 1000, 3), buffers
+
+
+def claim_after_bulk(p: db.Scratch, jobs: int = BULK, samples: int = 20) -> dict[str, Any]:
+    """Return the first claims' median ms (and buffers) right after a bulk operation.
+
+    The statistics are those of the table before it (empty; only dead jobs): what autoanalyze
+    leaves for about a minute after ``enqueue_many`` of `jobs` jobs, or ``retry --dead`` of
+    `jobs`. A claim whose plan depends on them would read the whole backlog.
+    """
+    out: dict[str, Any] = {"jobs": jobs}
+    _reset(p)
+    with p.connect("admin", "bench bulk", autocommit=True) as admin:
+        admin.execute(q("bench_analyze_jobs"))
+    with p.connect("worker", "bench bulk", autocommit=True) as conn:
+        enqueue_many(conn, [{"kind": "noop", "tenant": 1 + i % 100, "payload": {}}
+                            for i in range(jobs)])
+        ms, buffers = _first_claims(conn, samples)
+    out |= {"claim_after_bulk_ms": ms, "claim_after_bulk_buffers": buffers}
+    _reset(p)
+    with p.connect("admin", "bench bulk", autocommit=True) as admin:
+        admin.execute(q("bench_fill_dead"), {"n": jobs})
+        admin.execute(q("horizon_vacuum_analyze_jobs"))
+    with p.connect("worker", "bench retry dead", autocommit=True) as conn:
+        conn.execute(jq("retry_dead"), {"attempts": 3, "kind": None, "tenant": None})
+        ms, buffers = _first_claims(conn, samples)
+    return out | {"claim_after_retry_dead_ms": ms, "claim_after_retry_dead_buffers": buffers}
+
+
 def _worker_argv(*extra: str) -> list[str]:
     # The production entry point with the demo kinds: no notebook machinery to import.
     return [sys.executable, "-m", "jobqueue", "--handlers", "tenantlab.kinds", *extra]
@@ -296,6 +372,66 @@ def idle_latency(s: db.Scratch, listen: bool, jobs: int = LATENCY_JOBS) -> dict[
             "p95": round(ms[min(len(ms) - 1, int(0.95 * len(ms)))], 2)}
 
 
+#: Idle workers for wake_transactions, and the jobs queued one at a time while they wait.
+WAKE_WORKERS = 10
+WAKE_JOBS = 20
+
+
+def wake_transactions(s: db.Scratch, workers: int = WAKE_WORKERS,
+                      jobs: int = WAKE_JOBS) -> dict[str, float]:
+    """Return the server transactions per job queued one at a time with `workers` idle ones.
+
+    Counted from ``pg_stat_database`` (every session of the scratch database), minus those of
+    an equal quiet period with the same workers (their presence and polls) and the enqueues'
+    own: what waking them costs per job (1: one wake-up, one claim).
+    """
+    _reset(s)
+    procs = [subprocess.Popen(_worker_argv("--poll", "30", "--name", f"bench-wake-{i}"),
+                              env=_env(s), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for i in range(workers)]
+
+    def counted(admin: psycopg.Connection) -> float:
+        time.sleep(1.2)  # sessions report their counts at most once a second
+        with admin.transaction():  # a snapshot of the statistics of its own
+            return float(db.scalar(admin, q("bench_db_transactions"), {"name": s.name}))
+
+    own = 0  # this function's transactions in the scratch database: enqueues and polls
+    try:
+        time.sleep(3.0)  # started, connected, listening, idle
+        with db.connect(db.admin_dsn(), "bench wake") as admin, \
+                s.connect("worker", "bench enqueue", autocommit=True) as conn:
+            admin.autocommit = True
+            start = time.monotonic()
+            quiet0 = counted(admin)
+            time.sleep(2.0)
+            quiet = counted(admin) - quiet0
+            quiet_s = time.monotonic() - start
+            start, before = time.monotonic(), counted(admin)
+            for _ in range(jobs):
+                (job,) = queue.enqueue(conn, "noop", tenant=1)
+                own += 1
+                deadline = time.monotonic() + 10
+                while True:
+                    own += 1
+                    if conn.execute(q("job_states")).fetchall()[-1][3] == "done":
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"bench wake: job {job} never ran")
+                    time.sleep(0.01)
+                time.sleep(0.1)  # idle again
+            after = counted(admin)
+            busy_s = time.monotonic() - start
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.communicate(timeout=30)
+    # The workers' own, less what they do when nothing is queued (the quiet rate, same time).
+    woken = after - before - own - quiet * busy_s / quiet_s
+    return {"workers": workers, "jobs": jobs, "quiet_per_s": round(quiet / quiet_s, 2),
+            "transactions_per_job": round(woken / jobs, 2)}
+
+
 def processes(s: db.Scratch, workers: int, jobs: int, *extra: str) -> float:
     """Drain `jobs` no-op jobs with `workers` worker processes; return jobs per second."""
     _reset(s)
@@ -329,7 +465,8 @@ def _rate(rates: list[float]) -> dict[str, Any]:
 
 def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int = 4,
         peers: bool = False, progress: Callable[[str, Any], None] | None = None,
-        scheduled: int = 100_000, backoff: int = 10_000, exhausted: int = 1_000) -> dict[str, Any]:
+        scheduled: int = 100_000, backoff: int = 10_000, exhausted: int = 1_000,
+        bulk_jobs: int = BULK, tenants: int = TENANTS) -> dict[str, Any]:
     """Measure everything once; return the JSON document ``tenantlab bench --json`` writes."""
     say = progress or (lambda name, value: None)
     drift: dict[str, Any] = {}
@@ -345,7 +482,10 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
     with db.scratch("bench") as s, product_db() as p:
         drain(s, "single", min(jobs, 200))  # warm up: caches, plans, the first connection
         drain(p, "leased", min(jobs, 200))
-        names = ["select1", "commit1", *DESIGNS, *LOOPS, *ROUTING, "enqueue_one", "enqueue_many",
+        pgbench = bench_ceiling.pgbench()
+        ceilings = [f"ceiling_{k}" for k in CEILINGS] if pgbench else []
+        names = ["select1", "commit1", *ceilings, *DESIGNS, *LOOPS, *ROUTING, "enqueue_one",
+                 "enqueue_many",
                  *peer_names, *(f"workers_{w}" for w in counts)]
         runs: dict[str, list[float]] = {name: [] for name in names}
         flushes: dict[str, list[float]] = {}
@@ -373,10 +513,12 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
             loops = max(jobs, 2000)
             measure("select1", loops, select1, s, loops)
             measure("commit1", loops, commit1, s, loops)
+            for name in ceilings:
+                measure(name, jobs, bench_ceiling.run, p, jobs, CEILINGS[name[8:]], pgbench)
             for name in DESIGNS:
                 measure(name, jobs, drain, s, name, jobs)
             for name in LOOPS:
-                measure(name, jobs, drain, p, name, jobs)
+                measure(name, max(jobs, tenants), drain, p, name, jobs, tenants)
             for name in ROUTING:
                 measure(name, jobs, drain_routing, p, name, jobs)
             for name, rate in enqueue_rates(p, jobs).items():
@@ -401,6 +543,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         if exhausted:
             spent.update(claim_cost(p, 0, exhausted=exhausted))
             say("exhausted, unreaped", spent)
+        bulk = claim_after_bulk(p, bulk_jobs) if bulk_jobs else {}
+        say("claim after bulk", bulk)
         after = claim_cost(p, 0)
         say("history 0 again", after)
         hist["0"] = {k: round((before[k] + after[k]) / 2, 3) for k in before}
@@ -408,24 +552,42 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         for name, listen in (("leased", True), ("leased_poll", False)):
             latency[name] = idle_latency(p, listen)
             say(f"idle latency {name}", latency[name])
+        wake = wake_transactions(p)
+        say("wake-ups", wake)
         settings = _settings(s)
     jps = {k: v["jobs_per_s"] for k, v in results.items()}
+    ceiling = {k: jps[f"ceiling_{k}"] for k in CEILINGS if f"ceiling_{k}" in jps} or None
     notes = DURABILITY | peer_notes
     return {
         "server_version": db.server_version(), "jobs": jobs, "rounds": rounds,
+        # the worker loops' jobs (leased, leased_round_robin, leased_limit, ...) are spread over
+        # this many tenants, max(jobs, tenants) jobs each run
+        "tenants": tenants,
         "settings": settings,
         "results": results,
+        # the worker's own claim and finish statements run by pgbench, no Python between them
+        # (bench_ceiling): jobs/s at one job per transaction and at BATCH; null without pgbench
+        "ceiling": ceiling,
         "history": hist,
         # the claim with jobs in front of the ready ones that it must not take: not yet due
         # (scheduled, in backoff), or exhausted and unreaped; their counts, then ms. The
         # baseline of both is history["0"].
         "not_due": not_due,
         "exhausted": spent,
+        # the first claims right after enqueue_many of `jobs` jobs and after retry --dead of
+        # as many, on the statistics of before (median ms, buffers of the first); its baseline
+        # is claim_ms (history["0"]); {} when --bulk 0
+        "claim_after_bulk": bulk | ({"claim_ms": hist["0"]["claim_ms"]} if bulk else {}),
         "idle_latency_ms": latency,
+        # server transactions per job queued one at a time while WAKE_WORKERS workers are idle
+        # (issue 32, item 5: today every idle worker wakes and claims; 1 would be one wake-up)
+        "wake": wake,
         "scaling": scaling,
         # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
         "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
-        "ratios": {**_ratios(jps, hist, history, not_due, spent), **_routing_ratios(jps)},
+        "ratios": {**_ratios(jps, hist, history, not_due, spent), **_bulk_ratios(bulk, hist),
+                   **_routing_ratios(jps),
+                   **_ceiling_ratios(jps, ceiling)},
         # WAL flushes per job (per commit for commit1), median over the rounds, counted
         # server-wide (pg_stat_wal): what each row's durability costs, as measured
         "wal_flushes_per_job": {k: round(statistics.median(v), 3) for k, v in flushes.items()},
@@ -476,6 +638,9 @@ def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int,
         # What the default heartbeat costs: the worker with it against the worker without.
         "leased_vs_no_heartbeat": jps["leased"] / jps["leased_no_heartbeat"],
         "leased_batch_vs_leased": jps["leased_batch"] / jps["leased"],
+        # The fair claims against FIFO over the same tenants (--tenants): 1.0 = cost nothing.
+        "leased_round_robin_vs_leased": jps["leased_round_robin"] / jps["leased"],
+        "leased_limit_vs_leased": jps["leased_limit"] / jps["leased"],
         "claim_at_history_vs_0": hist[str(history)]["claim_ms"] / hist["0"]["claim_ms"],
         "leased_vs_leased_run_one": jps["leased"] / jps["leased_run_one"],
         "claim_empty_at_history_vs_0": (hist[str(history)]["claim_ms_empty_queue"]
@@ -502,6 +667,30 @@ def _ratios(jps: dict[str, float], hist: dict[str, Any], history: int,
             out[f"leased_batch_vs_{peer}"] = jps["leased_batch"] / jps[peer]
             out[f"leased_batch_commit_vs_{peer}"] = jps["leased_batch_commit"] / jps[peer]
     return {k: round(v, 3) for k, v in out.items()}
+
+
+def _bulk_ratios(bulk: dict[str, Any], hist: dict[str, Any]) -> dict[str, float]:
+    if not bulk:
+        return {}
+    base = hist["0"]["claim_ms"]
+    return {"claim_after_bulk_vs_claim": round(bulk["claim_after_bulk_ms"] / base, 3),
+            "claim_after_retry_dead_vs_claim": round(bulk["claim_after_retry_dead_ms"] / base, 3)}
+
+
+def _ceiling_ratios(jps: dict[str, float], ceiling: dict[str, float] | None) -> dict[str, float]:
+    """Return every row as a share of the ceiling: ``<row>_vs_ceiling`` (one job per
+    transaction) and ``<row>_vs_ceiling_batch`` (BATCH per transaction)."""
+    if not ceiling:
+        return {}
+    out = {}
+    for name, rate in jps.items():
+        if name.startswith("ceiling_"):
+            continue
+        if "one" in ceiling:
+            out[f"{name}_vs_ceiling"] = round(rate / ceiling["one"], 3)
+        if "batch" in ceiling:
+            out[f"{name}_vs_ceiling_batch"] = round(rate / ceiling["batch"], 3)
+    return out
 
 
 def _settings(s: db.Scratch) -> dict[str, str]:
@@ -533,6 +722,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=1_000,
                    help="running jobs with their lease out and attempts spent, not yet reaped, "
                         "in front of the ready ones, measured apart (default 1,000; 0: not)")
+    p.add_argument("--tenants", type=count("tenants", most=1_000_000), default=TENANTS,
+                   help="tenants the worker loops' jobs are spread over (leased, "
+                        "leased_round_robin, leased_limit, ...; default 100; at least one job "
+                        "each)")
+    p.add_argument("--bulk", type=number(int, "bulk", zero=True, most=MAX_ROWS), default=BULK,
+                   help="jobs of the enqueue_many and the retry --dead before the first claims "
+                        "are timed (default 100,000; 0: not)")
     p.add_argument("--workers", type=count("workers", most=64), default=4,
                    help="worker processes at most for the scaling run (1, 2, 4, 8 up to W)")
     p.add_argument("--peers", action="store_true",
@@ -555,7 +751,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"  {name:24} {shown}", file=sys.stderr, flush=True)
 
     r = run(args.jobs, args.rounds, args.history, args.workers, args.peers, progress,
-            args.scheduled, args.backoff, args.exhausted)
+            args.scheduled, args.backoff, args.exhausted, args.bulk, args.tenants)
     print(f"PostgreSQL {r['server_version']} (fsync {r['settings']['fsync']}, synchronous_commit "
           f"{r['settings']['synchronous_commit']}), {r['jobs']} no-op jobs, median of "
           f"{r['rounds']} rounds")
@@ -564,6 +760,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         extra = f"  client CPU {cpu[name]:.3f} ms/job" if name in cpu else ""
         extra += f"  {flushes[name]:.2f} WAL flushes/job" if name in flushes else ""
         print(f"  {name:24} {v['jobs_per_s']:8.0f} jobs/s  {v['ms_per_job']:.3f} ms/job{extra}")
+    if r["ceiling"]:
+        print("  ceiling (the worker's claim and finish in pgbench, no Python): "
+              + ", ".join(f"{k} {v:,.0f} jobs/s" for k, v in r["ceiling"].items()))
     for h, v in r["history"].items():
         print(f"  claim with {int(h):>9,} finished jobs: {v['claim_ms']:.3f} ms "
               f"({v['claim_ms_empty_queue']:.3f} ms on an empty queue)")
@@ -573,6 +772,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if "claim_ms" in ex:
         print(f"  claim behind {ex['exhausted']:,} exhausted, unreaped: {ex['claim_ms']:.3f} ms "
               f"({ex['claim_ms_empty_queue']:.3f} ms on an empty queue)")
+    if b := r["claim_after_bulk"]:
+        print(f"  first claims after enqueue_many of {b['jobs']:,}: {b['claim_after_bulk_ms']:.3f} ms"
+              f" ({b['claim_after_bulk_buffers']} buffers), after retry --dead: "
+              f"{b['claim_after_retry_dead_ms']:.3f} ms ({b['claim_after_retry_dead_buffers']} "
+              f"buffers), against {b['claim_ms']:.3f} ms")
+    w = r["wake"]
+    print(f"  {w['workers']} idle workers: {w['transactions_per_job']:.1f} server transactions per "
+          "job queued")
     for name, v in r["idle_latency_ms"].items():
         print(f"  idle latency {name:12} median {v['median']:.1f} ms, p95 {v['p95']:.1f} ms")
     for name, v in r["ratios"].items():

@@ -115,3 +115,53 @@ def test_fair_workers_start_a_small_tenant_early_starve_nobody_and_run_nothing_t
     assert runs == (419, 419, 0)  # and none ran twice
     # The small tenants queued after the whole burst, and were all served before it drained.
     assert starts[False] < starts[True]
+
+
+def _claim_buffers(conn, leased: Leased, full: bool) -> int:
+    import json
+
+    query, params = leased.claim_query(1)
+    params["full"] = full
+    with conn.transaction(force_rollback=True):
+        (doc,) = conn.execute(b"explain (analyze, buffers, format json) " + query.encode(),
+                              params).fetchone()
+    plan = (doc if isinstance(doc, list) else json.loads(doc))[0]["Plan"]
+    return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
+
+
+def test_a_round_robin_claim_walks_a_few_tenants_not_every_tenant_with_work(
+        admin_dsn: str) -> None:
+    """Issue 32, item 3: the claim's cost does not grow with the tenants that have work; the
+    full listing (one descent per tenant) is the rare one. Before, every claim listed them all."""
+
+    from tenantlab import bench
+
+    with bench.product_db() as p, p.connect("worker", "test fair walk", autocommit=True) as c:
+        _walks_a_few(c)
+
+
+def _walks_a_few(conn) -> None:
+    from jobqueue import enqueue_many
+
+    tenants = 2000  # the product's schema: tenants are the application's, no foreign key
+    enqueue_many(conn, [{"kind": "noop", "tenant": t, "payload": {}} for t in range(1, tenants + 1)]
+                 * 2)
+    listed = _claim_buffers(conn, Leased(NOOP, fair="round-robin"), full=True)
+    leased = Leased(NOOP, fair="round-robin")
+    served = [leased.run_one(conn).claim.tenant_id for _ in range(5)]  # the first lists them all
+    assert served == [1, 2, 3, 4, 5]
+    walk = _claim_buffers(conn, leased, full=False)
+    # The walk: the newest WINDOW jobs looked up (a job and its tenant's turn each: about 300
+    # buffers whatever the tenants), one tenant probed, its turn moved. The listing: 5 a tenant.
+    assert listed > 2 * tenants and walk < 600 and listed > 10 * walk, (listed, walk)
+
+
+def test_an_idle_tenant_with_a_new_job_is_served_by_the_next_claim(conn) -> None:
+    leased = Leased(NOOP, fair="round-robin")
+    for t in (1, 2):
+        enqueue(conn, "noop", tenant=t)
+    assert [leased.run_one(conn).claim.tenant_id for _ in range(2)] == [1, 2]
+    assert leased.run_one(conn) is None  # both walked past: idle, out of the walk
+    enqueue(conn, "noop", tenant=1)
+    outcome = leased.run_one(conn)  # not a full listing: found among the newest jobs
+    assert outcome is not None and outcome.claim.tenant_id == 1

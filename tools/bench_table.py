@@ -17,6 +17,10 @@ import readme_section
 ROWS = [
     ("select1", "round-trip floor: `select 1` on one connection"),
     ("commit1", "durable-commit floor: a one-row insert per commit, one round trip each"),
+    ("ceiling_one", "ceiling, one job per transaction: the worker's own start, fenced finish and "
+                    "next claim run by pgbench, no Python between them"),
+    ("ceiling_batch", "ceiling, 10 jobs per transaction: savepoint, start and fenced finish each, "
+                      "then the next claim, by pgbench"),
     ("single", "`single`: one transaction per job, error handler on"),
     ("leased", "`leased`: the worker loop and its defaults (durable claim, the next claim in "
                "the finish's commit, heartbeat on)"),
@@ -25,6 +29,8 @@ ROWS = [
     ("leased_heartbeat", "`leased_heartbeat`: one heartbeat thread per worker"),
     ("leased_batch", "`leased_batch`: `--batch 10`"),
     ("leased_batch_commit", "`leased_batch_commit`: `--batch 10 --batch-commit`"),
+    ("leased_round_robin", "`leased_round_robin`: `leased` with `--fair round-robin`"),
+    ("leased_limit", "`leased_limit`: `leased` with `--fair limit=1`"),
     ("procrastinate", "{procrastinate}, its defaults (psycopg, one job at a time)"),
     ("pgqueuer", "{PgQueuer}, its defaults on asyncpg, its documented driver (batches of 10)"),
     ("pgqueuer_psycopg", "PgQueuer, its defaults on psycopg"),
@@ -69,6 +75,12 @@ TARGETS = [
     ("claim_exhausted_vs_0", "claim behind exhausted unreaped jobs at most 1.5x without",
      lambda v: v <= 1.5),
     ("claim_empty_exhausted_vs_0", "the same on an empty queue", lambda v: v <= 1.5),
+    ("claim_after_bulk_vs_claim", "first claims after `enqueue_many` of 100,000 at most 2x "
+     "`claim_ms`", lambda v: v <= 2),
+    ("claim_after_retry_dead_vs_claim", "first claims after `retry --dead` of 100,000 at most 2x "
+     "`claim_ms`", lambda v: v <= 2),
+    ("leased_round_robin_vs_leased", "`--fair round-robin` at least FIFO / 1.5 over the run's "
+     "tenants", lambda v: v >= 1 / 1.5),
     ("workers_4_vs_1", "4 workers at least 2.5x one", lambda v: v >= 2.5),
     ("workers_8_vs_4", "8 workers no slower than 4", lambda v: v >= 1),
 ]
@@ -90,8 +102,10 @@ def table(r: dict[str, Any]) -> str:
              f"{r['jobs']:,} no-op jobs, one worker, median of {r['rounds']} rounds; WAL flushes "
              "per job counted by the server (`pg_stat_wal`) during each row, the client's CPU "
              "per job by the process that ran it (worker processes: their whole lives):", "",
-             "| what | jobs/s | WAL flushes per job | client CPU ms per job | durability |",
-             "|---|---|---|---|---|"]
+             "| what | jobs/s | WAL flushes per job | client CPU ms per job | durability | "
+             "of the ceiling (one / batch) |",
+             "|---|---|---|---|---|---|"]
+    ceiling = r.get("ceiling") or {}
 
     def flushed(key: str) -> str:
         return f"{flushes[key]:.2f}" if key in flushes else ""
@@ -101,8 +115,12 @@ def table(r: dict[str, Any]) -> str:
 
     for key, label in ROWS:
         if key in res:
+            share = (" / ".join(f"{res[key]['jobs_per_s'] / ceiling[k]:.2f}"
+                                for k in ("one", "batch") if k in ceiling)
+                     if ceiling and not key.startswith(("ceiling", "enqueue", "select", "commit"))
+                     else "")
             lines.append(f"| {_label(label, docs)} | {res[key]['jobs_per_s']:,.0f} | "
-                         f"{flushed(key)} | {cpu_ms(key)} | {notes.get(key, '')} |")
+                         f"{flushed(key)} | {cpu_ms(key)} | {notes.get(key, '')} | {share} |")
     if scaling := r.get("scaling"):
         counts = " / ".join(scaling)
         rates = " / ".join(f"{v:,.0f}" for v in scaling.values())
@@ -120,6 +138,13 @@ def table(r: dict[str, Any]) -> str:
     if (ex := r.get("exhausted", {})) and "claim_ms" in ex:
         lines.append(f"| behind {ex['exhausted']:,} exhausted, not yet reaped (queue empty) | "
                      f"{ex['claim_ms']:.3f} ({ex['claim_ms_empty_queue']:.3f}) |")
+    if b := r.get("claim_after_bulk"):
+        lines.append(f"| first claims after `enqueue_many` of {b['jobs']:,} (statistics from "
+                     f"before) | {b['claim_after_bulk_ms']:.3f} ({b['claim_after_bulk_buffers']} "
+                     "buffers) |")
+        lines.append(f"| first claims after `retry --dead` of {b['jobs']:,} | "
+                     f"{b['claim_after_retry_dead_ms']:.3f} "
+                     f"({b['claim_after_retry_dead_buffers']} buffers) |")
     lat = r.get("idle_latency_ms", {})
     if lat:
         lines += ["", "| idle latency, enqueue to start | median ms | p95 ms |", "|---|---|---|"]
@@ -137,6 +162,10 @@ def table(r: dict[str, Any]) -> str:
         rate = res["enqueue_many"]["jobs_per_s"]
         lines.append(f"| `enqueue_many` at least 20,000 jobs/s on this machine | {rate:,.0f} jobs/s | "
                      f"{'✓' if rate >= 20_000 else '✗'} |")
+    if w := r.get("wake"):
+        per = w["transactions_per_job"]
+        lines.append(f"| one wake-up per job: about 1 server transaction per job with "
+                     f"{w['workers']} idle workers | {per:.1f} | {'✓' if per <= 1.5 else '✗'} |")
     if "leased" in lat:
         median = lat["leased"]["median"]
         lines.append(f"| idle latency median at most 10 ms | {median:.1f} ms | "

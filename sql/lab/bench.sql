@@ -67,3 +67,20 @@ select count(*) as jobs, extract(epoch from max(finished) - min(started)) as sec
 -- (the first tenth of a run against its last: flat, or slowing down as history piles up).
 -- name: bench_finish_times
 select extract(epoch from finished)::float8 from job_runs where finished is not null order by finished;
+
+-- Run by tenantlab.bench as admin (claim_after_bulk): `n` dead jobs, attempts spent, for a
+-- `retry --dead` to queue again at once.
+-- name: bench_fill_dead
+insert into jobs (tenant_id, kind, status, attempts, max_attempts, finished, last_error)
+select 1 + g %% 100, 'noop', 'dead', 3, 3, clock_timestamp(), 'boom'
+from generate_series(1, %(n)s::int) as g;
+
+-- Run by tenantlab.bench as admin (claim_after_bulk): the statistics of the table as it is now
+-- (empty, or only finished jobs), as autoanalyze leaves them before a bulk operation.
+-- name: bench_analyze_jobs
+analyze jobs;
+
+-- Run by tenantlab.bench (wake_transactions) as admin, from another database: the transactions
+-- the sessions of database `name` have ended so far (committed and rolled back).
+-- name: bench_db_transactions
+select xact_commit + xact_rollback from pg_stat_database where datname = %(name)s;

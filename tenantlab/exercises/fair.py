@@ -97,8 +97,10 @@ def _run(answer: str, sb: Sandbox, noisy: int, small: tuple[int, ...]
             held = []
             for conn in workers:
                 what = f"claim {len(order) + 1}"
+                # full, window: what the production round-robin claim also takes (fair.py);
+                # full: every claim lists every tenant with work.
                 params = {"lease": 30, "kinds": ["count"], "batch": 1, "limit": 1,
-                          "queues": ["default"]}
+                          "queues": ["default"], "full": True, "window": 32}
                 took = claimed(run_answer(conn, answer, params, what), what)
                 problem = jobs.claim(took, what, committed=True)
                 if problem and bad_claim is None:

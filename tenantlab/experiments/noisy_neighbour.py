@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pandas as pd
+from jobqueue.fair import Fair
 from psycopg import sql
 
 from .. import db, finding, queue
@@ -247,7 +248,9 @@ def plans(burst: int = 2000, small_jobs: int = 2, limit: int = 1) -> dict[str, s
             queue.enqueue(conn, "noop", tenant=tenant, count=small_jobs)
         with s.connect("admin", "noisy analyze", autocommit=True) as admin:
             admin.execute(q("analyze_jobs"))
-        for name, params in (("claim_leased", {}), ("claim_round_robin", {}),
+        # Round-robin: a worker's first claim, which lists every tenant with work (fair.py).
+        for name, params in (("claim_leased", {}),
+                             ("claim_round_robin", Fair("round-robin").params),
                              ("claim_limit", {"limit": limit})):
             with conn.transaction(force_rollback=True):
                 if name == "claim_limit":

@@ -9,7 +9,10 @@ Both serve the worker's queues only, and keep priorities within a tenant: round-
 tenant's highest-priority job first, limit=N the highest-priority job of the tenants below N.
 
 - ``round-robin``: the oldest job of the tenant served least recently. A small tenant's job
-  waits about one round of the tenants with work, whatever the burst in front of it.
+  waits about one round of the tenants with work, whatever the burst in front of it. A claim
+  walks the tenants in turn order (``tenant_turns``) and finds new ones among the newest jobs
+  (``WINDOW``); every ``FULL_DISCOVERY`` seconds a worker's claim also lists every tenant with
+  work (one index descent each), for what the window missed.
 - ``limit=N``: FIFO, skipping tenants that already run N jobs. It helps only when there are
   more workers than N: the other workers serve everyone else. A soft limit (see the query).
 """
@@ -17,13 +20,21 @@ tenant's highest-priority job first, limit=N the highest-priority job of the ten
 from __future__ import annotations
 
 import argparse
+import math
 import re
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from .jobs import MAX_COUNT, ConfigError
 
 POLICIES = ("round-robin", "limit=N")
+#: Round-robin: the newest jobs whose tenants every claim looks for (a new job is seen by the
+#: next claim unless more than this many were queued in between).
+WINDOW = 32
+#: Round-robin: seconds between a worker's claims that list every tenant with work (one index
+#: descent per tenant: about 170 ms at 10,000 tenants on a 2-core machine, about 3 % of a worker).
+FULL_DISCOVERY = 5.0
 _LIMIT = re.compile(r"^limit=(\d+)$")
 
 
@@ -33,6 +44,10 @@ class Fair:
 
     policy: str
     limit: int = 0
+    # When this worker's claim last listed every tenant (round-robin), and whether its last
+    # claim did: a clock, not the policy.
+    _listed: list[float] = field(default_factory=lambda: [-math.inf, 0.0], compare=False,
+                                 repr=False)
 
     @classmethod
     def parse(cls, text: str) -> Fair:
@@ -53,7 +68,23 @@ class Fair:
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"limit": self.limit} if self.policy == "limit" else {}
+        """Return the parameters the policy adds to this claim (round-robin: is it a full one)."""
+        if self.policy == "limit":
+            return {"limit": self.limit}
+        now = time.monotonic()
+        full = now - self._listed[0] >= FULL_DISCOVERY
+        if full:
+            self._listed[0] = now
+        self._listed[1] = float(full)
+        return {"full": full, "window": WINDOW}
+
+    def relist(self) -> bool:
+        """After a claim that found nothing: True when it did not list every tenant, and the
+        next claim will (a round-robin claim finds nothing only when a full listing does)."""
+        if self.policy != "round-robin" or self._listed[1]:
+            return False
+        self._listed[0] = -math.inf
+        return True
 
     def __str__(self) -> str:
         return self.policy if self.policy == "round-robin" else f"limit={self.limit}"

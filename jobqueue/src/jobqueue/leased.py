@@ -194,6 +194,9 @@ class Leased:
         # Its own transaction (autocommit: one statement), committed before any work starts.
         with _autocommit(conn), conn.cursor(row_factory=class_row(Claim)) as cur:
             claims = cur.execute(*self.claim_query(n)).fetchall()
+            if not claims and self.fair and self.fair.relist():
+                # Round-robin walks the tenants it knows: nothing there, so list them all.
+                claims = cur.execute(*self.claim_query(n)).fetchall()
         claims.sort(key=lambda c: c.id)
         self._claimed(conn, claims, worker, events)
         return claims

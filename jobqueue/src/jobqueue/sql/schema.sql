@@ -60,9 +60,11 @@ create index jobs_claimable on jobqueue.jobs (queue, priority desc, claimable_at
 create index jobs_running_lease on jobqueue.jobs (locked_until) where status = 'running';
 
 -- The fair claims read the claimable jobs tenant by tenant (a skip scan lists the tenants with
--- work, one descent each; then one tenant's next job, highest priority first).
+-- work, one descent each; then one tenant's next job, highest priority first). Its predicate
+-- names the tenant (always not null) so that only a claim that looks a tenant up can use it:
+-- the FIFO claim, whatever the statistics say, reads jobs_claimable in its own order (0004).
 create index jobs_claimable_by_tenant on jobqueue.jobs (tenant_id, priority desc, claimable_at, id)
-  where status in ('queued', 'running') and attempts < max_attempts;
+  where status in ('queued', 'running') and attempts < max_attempts and tenant_id is not null;
 
 -- One live job per key: a finished (done, dead) job frees its key.
 create unique index jobs_unique_key on jobqueue.jobs (unique_key)
@@ -107,6 +109,10 @@ create table jobqueue.tenant_turns (
   tenant_id   jobqueue.tenant_id primary key,
   last_served timestamptz not null
 );
+
+-- The round-robin claim walks the tenants in turn order: least recently served first; '-infinity'
+-- is a tenant found with work and not served yet, 'infinity' an idle one, out of the walk (0004).
+create index tenant_turns_in_turn on jobqueue.tenant_turns (last_served, tenant_id);
 
 -- The workers running now, by name: the kinds each serves, written at its start and refreshed
 -- while it lives (between jobs, and by its heartbeat during a long one); a row past `expires`
