@@ -266,15 +266,10 @@ def claim_cost(s: db.Scratch, history: int, samples: int = 500, **not_due: int) 
         admin.execute(q("horizon_vacuum_analyze_jobs"))
     # The claim alone, of the kinds the bench runs: no heartbeat thread sharing the machine.
     leased = Leased(kinds.handlers, lease=30.0, heartbeat=None)
-    busy, empty = [], []
+    empty: list[float] = []
     with s.connect("worker", "bench claim", autocommit=True) as conn:
         queue.enqueue(conn, "noop", count=samples)
-        for _ in range(samples):
-            t = time.perf_counter()
-            claim = leased.claim(conn)
-            busy.append(time.perf_counter() - t)
-            assert claim is not None
-            leased.run_claimed(conn, claim, lambda c, j: None)
+        busy = _timed_claims(conn, leased, samples)
         for _ in range(samples):
             t = time.perf_counter()
             assert leased.claim(conn) is None
@@ -301,14 +296,20 @@ def _first_claims(conn: psycopg.Connection, samples: int) -> tuple[float, int]:
     """Return the median ms of the first `samples` claims, and the buffers of the first."""
     leased = Leased(kinds.handlers, lease=30.0, heartbeat=None)
     buffers = _claim_plan(conn, leased)
-    ms = []
+    ms = _timed_claims(conn, leased, samples)
+    return round(statistics.median(ms) * 1000, 3), buffers
+
+
+def _timed_claims(conn: psycopg.Connection, leased: Leased, samples: int) -> list[float]:
+    """Claim and run (doing nothing) `samples` jobs; return each claim's seconds."""
+    seconds = []
     for _ in range(samples):
         t = time.perf_counter()
         claim = leased.claim(conn)
-        ms.append(time.perf_counter() - t)
+        seconds.append(time.perf_counter() - t)
         assert claim is not None
         leased.run_claimed(conn, claim, lambda c, j: None)
-    return round(statistics.median(ms) * 1000, 3), buffers
+    return seconds
 
 
 def claim_after_bulk(p: db.Scratch, jobs: int = BULK, samples: int = 20) -> dict[str, Any]:
