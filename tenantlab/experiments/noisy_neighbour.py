@@ -12,7 +12,7 @@ Two arrivals, each drained by the same worker processes of a policy:
 
 Measured per job, on the server's clock: the wait from enqueue to its first start
 (``job_runs``), then per group (the noisy tenant, the small ones) median, p95 and max; per
-policy the jobs/s, the order (did every small tenant start before the burst's last job?), and
+policy the jobs/s, the order (did every small tenant start before the burst drained, 99 % of it started?), and
 every execution (a job run twice would show). A fair claim cuts the small tenants' wait most
 when they arrive during the drain (FIFO puts them behind what is left of the burst, a fair
 claim serves them at once); with everything queued first each small tenant still waits for its
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pandas as pd
-from jobqueue.fair import Fair
+from jobqueue import Leased
 from psycopg import sql
 
 from .. import db, finding, queue
@@ -184,9 +184,11 @@ def _stats(policy: str, waits: pd.DataFrame, duplicates: int) -> dict[str, Any]:
         # When the small tenants' last job started, and when the noisy backlog's last one did.
         "small_tenants_done_s": round(float(small["started"].max() - waits["created"].min()), 3),
         "noisy_backlog_done_s": round(float(noisy["started"].max() - waits["created"].min()), 3),
-        # The order, not a duration: did the small tenants' last job start before the burst's?
+        # The order, not a duration: did the small tenants' last job start before the burst
+        # drained (99 % of its jobs started)? Not its very last job: a worker descheduled
+        # between its claim and its start on a loaded machine would decide it alone.
         "small_tenants_before_burst_drained": bool(small["started"].max()
-                                                   < noisy["started"].max()),
+                                                   < noisy["started"].quantile(0.99)),
         "seconds": round(float(span), 2),
     })
     return out
@@ -234,6 +236,12 @@ def run(knobs: Knobs | None = None, *, live: Any = None, progress: Any = None) -
                                      "samples": pd.DataFrame(samples)})
 
 
+#: The round-robin claim's own parameters (its window, whether it lists every tenant), as the
+#: production worker passes them: what is fair's beyond the lease, the batch and the kinds.
+ROUND_ROBIN = {k: v for k, v in Leased(None, fair="round-robin").claim_query(1)[1].items()
+               if k not in ("lease", "batch", "kinds", "queues")}
+
+
 def plans(burst: int = 2000, small_jobs: int = 2, limit: int = 1) -> dict[str, str]:
     """Return the EXPLAIN ANALYZE of each claim on a queue with a burst in front, rolled back.
 
@@ -250,7 +258,7 @@ def plans(burst: int = 2000, small_jobs: int = 2, limit: int = 1) -> dict[str, s
             admin.execute(q("analyze_jobs"))
         # Round-robin: a worker's first claim, which lists every tenant with work (fair.py).
         for name, params in (("claim_leased", {}),
-                             ("claim_round_robin", Fair("round-robin").params),
+                             ("claim_round_robin", ROUND_ROBIN),
                              ("claim_limit", {"limit": limit})):
             with conn.transaction(force_rollback=True):
                 if name == "claim_limit":
@@ -291,9 +299,10 @@ def judge(measured: dict[str, Any], knobs: Knobs | None = None) -> Verdict:
             checks.append(check(
                 f"{policy}: small tenants {'before' if fair else 'after'} the burst",
                 all(v == fair for v in order.values()),
-                "every small tenant's job starts before the burst's last job, in each arrival"
-                if fair else "the small tenants' last job starts after the whole burst started, "
-                "in each arrival",
+                "every small tenant's job starts before the burst drained (99 % of it started), "
+                "in each arrival"
+                if fair else "the small tenants' last job starts after 99 % of the burst "
+                "started, in each arrival",
                 "; ".join(f"{ARRIVALS[a]}: {'before' if v else 'after'}"
                           for a, v in order.items())))
         if policy == "fifo":
