@@ -182,6 +182,10 @@ class Worker:
         self.wake: Wake | None = None
         #: Whether the last round's last finish also claimed (``claim_next``).
         self._asked = False
+        #: Claims of their own (not those riding on a finish), and those that found nothing:
+        #: what idle workers' wake-ups cost (logged at the stop, in ``worker-stop``).
+        self.claim_rounds = 0
+        self.empty_claims = 0
         #: Its optional parts' grants and its schedules were checked (on its first connection).
         self.parts_checked = False
 
@@ -232,7 +236,10 @@ class Worker:
                     self.outage.failed(e)
         finally:
             self.queue.close()
-            self.events.emit("worker-stop", claimed=self.claimed)
+            self.events.emit("worker-stop", claimed=self.claimed, claim_rounds=self.claim_rounds,
+                             empty_claims=self.empty_claims)
+            log.info("%s: stopped: %d jobs claimed; %d claims of their own, %d found nothing",
+                     self.name, self.claimed, self.claim_rounds, self.empty_claims)
         return self.claimed
 
     def _preflight(self) -> None:
@@ -447,6 +454,9 @@ class Worker:
                 conn, batch, worker=self.name, events=self.events), self.queue)
         else:
             claims = self.queue.claim_many(conn, batch, worker=self.name, events=self.events)
+        if not pending:
+            self.claim_rounds += 1
+            self.empty_claims += not claims
         outcomes: list[Outcome] = []
         n = len(claims)
 
