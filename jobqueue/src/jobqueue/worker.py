@@ -352,7 +352,8 @@ class Worker:
                 act = self._read(wakes, 0)  # type: ignore[arg-type]
             pending = outcomes[-1].claimed if outcomes else []
             if (self.wake is not None and outcomes and not pending and not act
-                    and not o.until_empty and self._asked and outcomes[-1].status == "done"):
+                    and not o.until_empty and self._asked and outcomes[-1].status == "done"
+                    and not self._walks_known_tenants):
                 # The last finish's claim found nothing and no wake-up since is this worker's
                 # to answer (another idle worker is named for them): idle at once, no claim.
                 self.claimed += len(outcomes)
@@ -488,6 +489,13 @@ class Worker:
         return True
 
     @property
+    def _walks_known_tenants(self) -> bool:
+        """Round-robin: a claim riding on a finish walks the tenants this worker knows, so its
+        finding nothing does not mean the queue has nothing (a claim of its own lists them all)."""
+        fair = getattr(self.queue, "fair", None)
+        return fair is not None and fair.policy == "round-robin"
+
+    @property
     def _serves(self) -> str:
         """What this worker serves, its wake-ups' group: its queues and kinds."""
         return ",".join(self.queue.queues) + ";" + ",".join(self.queue.kinds())
@@ -542,13 +550,14 @@ class Wake:
     but only the one named last (the designee) claims; the others do nothing (no transaction).
     The designee's claim, when it takes jobs, frees its lock and names another idle worker of
     its group in the same transaction (``idle_hand_on``: one at random from pg_locks, its pid in
-    the payload), which every idle worker reads. The one named claims at once when jobs remain
-    (a burst: the chain goes on while there are jobs) or when a wake-up came that the claim may
-    not have seen: the payload says how many wake-ups the claim had read, and every worker
-    counts them since the last naming. No designee known (a new session, none idle at the
-    hand-on: 0): every idle worker claims on a wake-up, as before; the first that takes a job
-    names the next. A designee that died (its session ended) or was busy when named: the
-    wake-ups wait for the next poll (``--poll``), whose claim finds the job and names again.
+    the payload), which every idle worker reads. Claimable jobs remain (a burst): it names none
+    and every idle worker claims at once. Otherwise the one named claims at once only when a
+    wake-up came that the claim may not have seen: the payload says how many wake-ups the claim
+    had read, and every worker counts them since the last naming. No designee known (a new
+    session, none idle at the hand-on, a burst: 0): every idle worker claims on a wake-up, as
+    before; the first that takes a job names the next. A designee that died (its session ended)
+    or was busy when named: the wake-ups wait for the next poll (``--poll``), whose claim finds
+    the job and names again.
     """
 
     def __init__(self, serves: str, pid: int) -> None:
@@ -582,9 +591,11 @@ class Wake:
                 return False  # another group's naming
             counted, self.since = self.since, 0
             self.designee = pid or None
+            if not pid:
+                # Jobs remain and no one is named: every idle worker claims (a burst).
+                return bool(remain)
             # seen -1: a worker named itself at its start (its first claim follows).
-            return pid == self.pid and seen >= 0 and (counted is None or counted > seen
-                                                      or bool(remain))
+            return pid == self.pid and seen >= 0 and (counted is None or counted > seen)
         # An enqueue (or any other wake-up): for the designee, or everyone when none is known.
         if self.since is not None:
             self.since += 1
