@@ -605,13 +605,20 @@ class Wake:
               queue: Any) -> list[Claim]:
         """Claim as an idle worker: when jobs come, hand the wake-ups on in the same commit."""
         seen = self.since or 0  # what this claim sees, at least
-        with conn.transaction():
-            claims = claim()
-            if claims:
-                conn.execute(q("idle_hand_on"), {
-                    "serves": self.serves, "seen": seen, "queues": list(queue.queues),
-                    "kinds": list(queue.kinds())})
-                self.registered = False
+        claims: list[Claim] = []
+        try:
+            with conn.transaction():
+                claims = claim()
+                if claims:
+                    conn.execute(q("idle_hand_on"), {
+                        "serves": self.serves, "seen": seen, "queues": list(queue.queues),
+                        "kinds": list(queue.kinds())})
+        except BaseException:
+            for c in claims:  # rolled back: never this worker's
+                queue.release(c)
+            raise
+        if claims:
+            self.registered = False
         return claims
 
 
