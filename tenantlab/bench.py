@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -376,18 +377,21 @@ def idle_latency(s: db.Scratch, listen: bool, jobs: int = LATENCY_JOBS) -> dict[
 #: Idle workers for wake_transactions, and the jobs queued one at a time while they wait.
 WAKE_WORKERS = 10
 WAKE_JOBS = 20
+#: A worker's line at its stop (-v): its claims of their own (not those riding on a finish).
+WAKE_STOPPED = re.compile(r"stopped: \d+ jobs claimed; (\d+) claims of their own")
 
 
 def wake_transactions(s: db.Scratch, workers: int = WAKE_WORKERS,
-                      jobs: int = WAKE_JOBS) -> dict[str, float]:
+                      jobs: int = WAKE_JOBS) -> dict[str, float | None]:
     """Return the server transactions per job queued one at a time with `workers` idle ones.
 
     Counted from ``pg_stat_database`` (every session of the scratch database), minus those of
     an equal quiet period with the same workers (their presence and polls) and the enqueues'
-    own: what waking them costs per job (1: one wake-up, one claim).
+    own: what waking them costs per job. Also the workers' claims of their own per job (1: one
+    wake-up per job).
     """
     _reset(s)
-    procs = [subprocess.Popen(_worker_argv("--poll", "30", "--name", f"bench-wake-{i}"),
+    procs = [subprocess.Popen(_worker_argv("-v", "--poll", "30", "--name", f"bench-wake-{i}"),
                               env=_env(s), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True) for i in range(workers)]
 
@@ -425,12 +429,19 @@ def wake_transactions(s: db.Scratch, workers: int = WAKE_WORKERS,
     finally:
         for p in procs:
             p.terminate()
-        for p in procs:
-            p.communicate(timeout=30)
+        logs = [p.communicate(timeout=30)[1] for p in procs]
     # The workers' own, less what they do when nothing is queued (the quiet rate, same time).
     woken = after - before - own - quiet * busy_s / quiet_s
+    # Their claims of their own (each logs them at its stop), less each one's first at its start
+    # (the --poll of 30 s makes no other before the jobs): every idle worker that woke and
+    # claimed counts one. The transactions above also count, in every listening session, one
+    # per NOTIFY (PostgreSQL reads its notification queue in a transaction of its own).
+    rounds = [m for text in logs if (m := WAKE_STOPPED.search(text or ""))]
+    claims = ((sum(int(m[1]) for m in rounds) - workers) / jobs
+              if len(rounds) == workers else None)
     return {"workers": workers, "jobs": jobs, "quiet_per_s": round(quiet / quiet_s, 2),
-            "transactions_per_job": round(woken / jobs, 2)}
+            "transactions_per_job": round(woken / jobs, 2),
+            "claims_per_job": None if claims is None else round(claims, 2)}
 
 
 def processes(s: db.Scratch, workers: int, jobs: int, *extra: str) -> float:
@@ -581,7 +592,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         "claim_after_bulk": bulk | ({"claim_ms": hist["0"]["claim_ms"]} if bulk else {}),
         "idle_latency_ms": latency,
         # server transactions per job queued one at a time while WAKE_WORKERS workers are idle
-        # (issue 32, item 5: today every idle worker wakes and claims; 1 would be one wake-up)
+        # (issue 32, item 5); claims_per_job: the workers' claims of their own per job (1: one
+        # wake-up per job; before the wake chain every idle worker woke and claimed)
         "wake": wake,
         "scaling": scaling,
         # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
@@ -780,7 +792,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"buffers), against {b['claim_ms']:.3f} ms")
     w = r["wake"]
     print(f"  {w['workers']} idle workers: {w['transactions_per_job']:.1f} server transactions per "
-          "job queued")
+          "job queued" + ("" if w.get("claims_per_job") is None else
+                          f", {w['claims_per_job']:.1f} claims of the workers' own per job"))
     for name, v in r["idle_latency_ms"].items():
         print(f"  idle latency {name:12} median {v['median']:.1f} ms, p95 {v['p95']:.1f} ms")
     for name, v in r["ratios"].items():

@@ -166,6 +166,10 @@ def table(r: dict[str, Any]) -> str:
         per = w["transactions_per_job"]
         lines.append(f"| one wake-up per job: about 1 server transaction per job with "
                      f"{w['workers']} idle workers | {per:.1f} | {'✓' if per <= 1.5 else '✗'} |")
+        if (claims := w.get("claims_per_job")) is not None:
+            lines.append(f"| one wake-up per job: at most 1.5 claims of the workers' own per job "
+                         f"with {w['workers']} idle workers | {claims:.1f} | "
+                         f"{'✓' if claims <= 1.5 else '✗'} |")
     if "leased" in lat:
         median = lat["leased"]["median"]
         lines.append(f"| idle latency median at most 10 ms | {median:.1f} ms | "

@@ -105,6 +105,9 @@ class Leased:
 
     name = "leased"
     chain_claims = True
+    #: Called in a finish's transaction when the claim that went with it found nothing (the
+    #: worker goes idle at that commit): the worker registers itself as idle there (worker.py).
+    on_idle: Callable[[psycopg.Connection], None] | None = None
 
     def __init__(self, handlers: Handlers | dict[str, Handler] | None = None, *,
                  lease: float = 30.0, backoff: float = 1.0, backoff_cap: float = 300.0,
@@ -282,6 +285,9 @@ class Leased:
                     finished, claimed = self._complete(conn, claim, more)
                     if not finished:
                         raise LeaseLost(f"job {claim.id} lease lost at attempt {claim.attempt}")
+                    if more and self.chain_claims and not claimed and self.on_idle is not None:
+                        # Nothing left to claim: idle from this commit on, in the same one.
+                        self.on_idle(conn)
             finally:
                 self.release(claim)
         except LeaseLost as e:

@@ -177,6 +177,15 @@ class Worker:
         #: the package's ``schedules`` registry.
         self.schedules = default_schedules if schedules is None else schedules
         self.periodic = Periodic(self.schedules)
+        #: One wake-up per job among the idle workers (None: every idle worker wakes, as behind
+        #: a pooler or with --listen-dsn, where the register's session is not the listening one).
+        self.wake: Wake | None = None
+        #: Whether the last round's last finish also claimed (``claim_next``).
+        self._asked = False
+        #: Claims of their own (not those riding on a finish), and those that found nothing:
+        #: what idle workers' wake-ups cost (logged at the stop, in ``worker-stop``).
+        self.claim_rounds = 0
+        self.empty_claims = 0
         #: Its optional parts' grants and its schedules were checked (on its first connection).
         self.parts_checked = False
 
@@ -227,7 +236,10 @@ class Worker:
                     self.outage.failed(e)
         finally:
             self.queue.close()
-            self.events.emit("worker-stop", claimed=self.claimed)
+            self.events.emit("worker-stop", claimed=self.claimed, claim_rounds=self.claim_rounds,
+                             empty_claims=self.empty_claims)
+            log.info("%s: stopped: %d jobs claimed; %d claims of their own, %d found nothing",
+                     self.name, self.claimed, self.claim_rounds, self.empty_claims)
         return self.claimed
 
     def _preflight(self) -> None:
@@ -254,7 +266,14 @@ class Worker:
             yield None
         elif o.listen_dsn is None:
             self._listen(conn)
-            yield conn
+            self.wake = Wake(self._serves, conn.info.backend_pid)
+            self.queue.on_idle = self.wake.register
+            try:
+                self.wake.register(conn, announce=True)
+                yield conn
+            finally:
+                self.queue.on_idle = None
+                self.wake = None
         else:
             with connect(o.listen_dsn, f"{self.name} listen") as listener:
                 self._listen(listener)
@@ -325,13 +344,25 @@ class Worker:
                 self._sleep(1.0)
                 continue
             failed = 0
+            act = True
             if listening and outcomes:
                 # Busy, the worker never waits for a NOTIFY: psycopg would keep every one that
-                # came in meanwhile (memory growing with the enqueues). Dropped here: the next
-                # claim looks at the table anyway.
-                for _ in wakes.notifies(timeout=0):  # type: ignore[union-attr]
-                    pass
+                # came in meanwhile (memory growing with the enqueues). Read here (counted, see
+                # Wake) and dropped: the next claim looks at the table anyway.
+                act = self._read(wakes, 0)  # type: ignore[arg-type]
             pending = outcomes[-1].claimed if outcomes else []
+            if (self.wake is not None and outcomes and not pending and not act
+                    and not o.until_empty and self._asked and outcomes[-1].status == "done"
+                    and not self._walks_known_tenants):
+                # The last finish's claim found nothing and no wake-up since is this worker's
+                # to answer (another idle worker is named for them): idle at once, no claim.
+                self.claimed += len(outcomes)
+                if o.max_jobs is not None and self.claimed >= o.max_jobs:
+                    return self._done(conn)
+                self.events.emit("idle")
+                idle = True
+                self._wait(wakes or conn, listening)
+                continue
             if not outcomes:
                 if o.until_empty:
                     return self._done(conn)
@@ -416,15 +447,26 @@ class Worker:
         jobs its own way here; the loop around it stays.
         """
         batch = self.options.batch
-        claims = pending or self.queue.claim_many(conn, batch, worker=self.name,
-                                                  events=self.events)
+        self._asked = False
+        if pending:
+            claims = pending
+        elif self.wake is not None and self.wake.registered:
+            claims = self.wake.claim(conn, lambda: self.queue.claim_many(
+                conn, batch, worker=self.name, events=self.events), self.queue)
+        else:
+            claims = self.queue.claim_many(conn, batch, worker=self.name, events=self.events)
+        if not pending:
+            self.claim_rounds += 1
+            self.empty_claims += not claims
         outcomes: list[Outcome] = []
         n = len(claims)
 
         def more() -> int:
             # The last finish claims the next batch in the same commit, unless the worker will
             # stop (asked at the finish: a signal may come during the work).
-            return batch if self._goes_on(n) else 0
+            asked = batch if self._goes_on(n) else 0
+            self._asked = bool(asked)
+            return asked
 
         if self.options.batch_commit and claims:
             try:
@@ -446,8 +488,25 @@ class Worker:
         conn.execute(q("listen"))
         return True
 
+    @property
+    def _walks_known_tenants(self) -> bool:
+        """Round-robin: a claim riding on a finish walks the tenants this worker knows, so its
+        finding nothing does not mean the queue has nothing (a claim of its own lists them all)."""
+        fair = getattr(self.queue, "fair", None)
+        return fair is not None and fair.policy == "round-robin"
+
+    @property
+    def _serves(self) -> str:
+        """What this worker serves, its wake-ups' group: its queues and kinds."""
+        return ",".join(self.queue.queues) + ";" + ",".join(self.queue.kinds())
+
     def _wait(self, conn: psycopg.Connection, listening: bool) -> None:
-        """Wait for a NOTIFY (or the poll's timeout), waking every 50 ms to check for a stop."""
+        """Wait for a NOTIFY (or the poll's timeout), waking every 50 ms to check for a stop.
+
+        With ``wake``, only the wake-ups this worker is named for end the wait (Wake).
+        """
+        if self.wake is not None and not self.wake.registered:
+            self.wake.register(conn)  # idle after a failure, a batch: its own transaction
         deadline = time.monotonic() + self.options.poll
         while not self.stopping:
             left = deadline - time.monotonic()
@@ -456,13 +515,23 @@ class Worker:
             if not listening:
                 time.sleep(min(0.05, left))
                 continue
-            woke = any(True for _ in conn.notifies(timeout=min(0.05, left), stop_after=1))
-            if woke:
+            if self._read(conn, min(0.05, left)):
                 # One wake for everything received so far (psycopg keeps what came in while
                 # the worker was busy): it all precedes the claim that follows.
-                for _ in conn.notifies(timeout=0):
-                    pass
+                self._read(conn, 0)
                 return
+
+    def _read(self, conn: psycopg.Connection, timeout: float) -> bool:
+        """Read the notifications that came (waiting up to `timeout` for one); True when one
+        is this worker's to answer with a claim (any, without ``wake``)."""
+        # stop_after=1 ends after the batch that holds the first one: none is lost.
+        got = list(conn.notifies(timeout=timeout, stop_after=1))
+        if self.wake is None:
+            return bool(got)
+        act = False
+        for n in got:
+            act = self.wake.note(n.payload) or act
+        return act
 
 
     def _sleep(self, seconds: float) -> None:
@@ -470,6 +539,87 @@ class Worker:
         deadline = time.monotonic() + seconds
         while not self.stopping and time.monotonic() < deadline:
             time.sleep(min(0.05, seconds))
+
+
+class Wake:
+    """One wake-up per job, not one per idle worker: who of the idle workers answers an enqueue.
+
+    Every idle worker listens on the enqueues' channel, and holds a session advisory lock that
+    says it is idle (``idle_register``: keyed by what it serves and its backend pid, taken
+    without waiting: nothing holds a snapshot while idle). An enqueue's NOTIFY reaches them all,
+    but only the one named last (the designee) claims; the others do nothing (no transaction).
+    The designee's claim, when it takes jobs, frees its lock and names another idle worker of
+    its group in the same transaction (``idle_hand_on``: one at random from pg_locks, its pid in
+    the payload), which every idle worker reads. Claimable jobs remain (a burst): it names none
+    and every idle worker claims at once. Otherwise the one named claims at once only when a
+    wake-up came that the claim may not have seen: the payload says how many wake-ups the claim
+    had read, and every worker counts them since the last naming. No designee known (a new
+    session, none idle at the hand-on, a burst: 0): every idle worker claims on a wake-up, as
+    before; the first that takes a job names the next. A designee that died (its session ended)
+    or was busy when named: the wake-ups wait for the next poll (``--poll``), whose claim finds
+    the job and names again.
+    """
+
+    def __init__(self, serves: str, pid: int) -> None:
+        self.serves, self.pid = serves, pid
+        self.key: int | None = None
+        #: Whether this session holds its idle lock (client-side: taken once, freed once).
+        self.registered = False
+        #: The pid named last in this group (None: unknown or none).
+        self.designee: int | None = None
+        #: The wake-ups read since that naming (None: not counted since then).
+        self.since: int | None = None
+
+    def register(self, conn: psycopg.Connection, *, announce: bool = False) -> None:
+        """Say this worker is idle (in the caller's transaction, if any); `announce`: name
+        itself the designee too (a new session)."""
+        if self.registered:
+            return
+        row = conn.execute(q("idle_register"), {"serves": self.serves,
+                                                "announce": announce}).fetchone()
+        assert row is not None
+        self.key, self.registered = int(row[0]), bool(row[1])
+
+    def note(self, payload: str) -> bool:
+        """Count one notification; True when it is this worker's to answer with a claim."""
+        if payload.startswith("next "):
+            try:
+                key, pid, seen, remain = (int(x) for x in payload.split()[1:5])
+            except ValueError:
+                return False
+            if key != self.key:
+                return False  # another group's naming
+            counted, self.since = self.since, 0
+            self.designee = pid or None
+            if not pid:
+                # Jobs remain and no one is named: every idle worker claims (a burst).
+                return bool(remain)
+            # seen -1: a worker named itself at its start (its first claim follows).
+            return pid == self.pid and seen >= 0 and (counted is None or counted > seen)
+        # An enqueue (or any other wake-up): for the designee, or everyone when none is known.
+        if self.since is not None:
+            self.since += 1
+        return self.designee is None or self.designee == self.pid
+
+    def claim(self, conn: psycopg.Connection, claim: Callable[[], list[Claim]],
+              queue: Any) -> list[Claim]:
+        """Claim as an idle worker: when jobs come, hand the wake-ups on in the same commit."""
+        seen = self.since or 0  # what this claim sees, at least
+        claims: list[Claim] = []
+        try:
+            with conn.transaction():
+                claims = claim()
+                if claims:
+                    conn.execute(q("idle_hand_on"), {
+                        "serves": self.serves, "seen": seen, "queues": list(queue.queues),
+                        "kinds": list(queue.kinds())})
+        except BaseException:
+            for c in claims:  # rolled back: never this worker's
+                queue.release(c)
+            raise
+        if claims:
+            self.registered = False
+        return claims
 
 
 def stop_on_signals(worker: Any) -> None:

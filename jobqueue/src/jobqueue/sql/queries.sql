@@ -125,6 +125,45 @@ select %(tenant)s::text::jobqueue.tenant_id;
 -- name: listen
 listen jobqueue;
 
+-- One wake-up per job, not one per idle worker (worker.py, Wake). Every idle worker that
+-- listens on its own connection holds this session-level advisory lock, keyed by what it serves
+-- (`serves`: its queues and kinds) and its backend pid, taken without waiting (no snapshot is
+-- held while idle): the register of the idle workers, read back from pg_locks (readable by any
+-- role; no table, no grant). Run when its session starts and when it goes idle again (in the
+-- finish's transaction when that finish's claim found nothing). First column: the key of what it
+-- serves, the group its wake-ups are handed on in. At a session's start (`announce`) it also
+-- names itself the group's designee (-1: it claims right after anyway), so that the workers
+-- started last agree on one designee instead of all answering the first enqueue.
+-- name: idle_register
+select hashtext(%(serves)s) as key,
+       pg_try_advisory_lock(hashtext(%(serves)s), pg_backend_pid()) as registered,
+       case when %(announce)s then pg_notify('jobqueue', concat_ws(' ', 'next',
+         hashtext(%(serves)s), pg_backend_pid(), -1, 0)) end as announced;
+
+-- Run in the transaction of the claim of a worker that was idle, when the claim took jobs: it is
+-- idle no more (its lock freed), and it names the next idle worker of its group (one at random,
+-- or 0: none) to whom the enqueues' wake-ups now go, on the enqueues' channel: 'next <key>
+-- <pid> <wake-ups it had read before this claim> <whether claimable jobs remain>'. Jobs remain
+-- (a burst): it names none, and every idle worker claims at once. Otherwise the one named
+-- claims at once only when a wake-up came that this claim may not have seen (it counts them
+-- too), else waits for the next enqueue; the others do nothing (no transaction). Sent at the
+-- commit, with the claim.
+-- name: idle_hand_on
+select pg_advisory_unlock(hashtext(%(serves)s), pg_backend_pid()) as unregistered,
+       pg_notify('jobqueue', concat_ws(' ', 'next', hashtext(%(serves)s),
+         case when remain then 0 else
+         coalesce((select l.pid from pg_locks l
+                    where l.locktype = 'advisory' and l.objsubid = 2 and l.granted
+                      and l.classid::int4 = hashtext(%(serves)s)
+                      and l.database = (select oid from pg_database
+                                         where datname = current_database())
+                      and l.pid <> pg_backend_pid()
+                    order by random() limit 1), 0) end,
+         %(seen)s::int, remain::int))
+  from (select exists (select from jobqueue.claimable
+                        where queue = any(%(queues)s::text[])
+                          and kind = any(%(kinds)s::text[])) as remain) as r;
+
 -- Run by the worker and the reaper at each (re)connection, before the outage is over: a hot
 -- standby (or read-only sessions) answers but takes no writes, so it is waited for as an outage.
 -- name: server_writable
