@@ -181,12 +181,14 @@ def _build_template(admin: psycopg.Connection, dsn: str, version: str, exists: b
     admin.execute(
         sql.SQL("create database {} owner {}").format(sql.Identifier(building), sql.Identifier(OWNER))
     )
-    with connect(with_db(dsn, building), "template") as conn:
+    with connect(with_db(dsn, building), "template", autocommit=True) as conn:
         # The owner creates and seeds the tables (RLS is switched on after the seeding).
         conn.execute(sql.SQL("set role {}").format(sql.Identifier(OWNER)))
-        # The production worker's tables first (schema jobqueue, the lab's int tenant ids),
-        # then the lab's DDL, which names them without their schema.
+        # The production worker's tables first (schema jobqueue, the lab's int tenant ids;
+        # outside a transaction: a migration may build an index concurrently), then the lab's
+        # DDL, in one transaction, which names them without their schema.
         migrations.migrate(conn, tenant_type="integer")
+        conn.autocommit = False
         conn.execute(sql.SQL("set search_path = {}").format(SEARCH_PATH))
         for _file, ddl in queries.schema():
             conn.execute(ddl)

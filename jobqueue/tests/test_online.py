@@ -176,6 +176,68 @@ def test_migrate_behind_a_running_job_never_holds_enqueues_longer_than_its_lock_
     assert done.returncode == 0 and "applied 0003_routing" in done.stdout, done.stderr
 
 
+def test_migrate_builds_its_indexes_while_enqueues_go_on_and_repairs_a_stopped_build(
+        fresh_db: dict[str, str], home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed at 0003; an application's transaction has written to jobqueue.tenant_turns
+    and is still open, so 0004's build of the turns' index waits for it (as any build waits
+    for the writers of its table). Meanwhile the application enqueues, under a lock timeout of
+    its own: it goes through. A stopped build (cancelled) leaves an invalid index; the next
+    migrate builds it again and ends with both indexes valid. Before: 0004 dropped and rebuilt
+    jobs' index in its transaction, holding the table's strongest lock while it waited and
+    built: the enqueue timed out."""
+    admin = fresh_db["admin"]
+    with psycopg.connect(admin, autocommit=True) as c:
+        up_to_3 = [m for m in migrations.available() if m[0] <= 3]
+        monkeypatch.setattr(migrations, "available", lambda: up_to_3)
+        migrations.migrate(c)
+        monkeypatch.undo()
+    writer = psycopg.connect(admin, application_name="test turns writer")
+    writer.execute("insert into jobqueue.tenant_turns (tenant_id, last_served) values (7, 'infinity')")
+    try:
+        with psycopg.connect(admin, autocommit=True) as app:
+            for attempt in (1, 2):
+                migrate = subprocess.Popen([*PROG, "migrate", "--dsn", admin], text=True,
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           cwd=home, env=env(home))
+                try:
+                    deadline = time.monotonic() + WAIT
+                    while not (pid := app.execute(
+                            "select pid from pg_stat_activity where application_name = "
+                            "'jobqueue migrate' and wait_event_type = 'Lock'").fetchone()):
+                        assert migrate.poll() is None and time.monotonic() < deadline, \
+                            migrate.communicate()
+                        time.sleep(0.02)
+                    app.execute("set lock_timeout = '1s'")
+                    app.execute("insert into jobqueue.jobs (tenant_id, kind) values (1, 'x')")
+                    app.execute("reset lock_timeout")
+                    if attempt == 1:  # stopped half way: the turns' index is left invalid
+                        app.execute("select pg_cancel_backend(%s)", pid)
+                        _, err = migrate.communicate(timeout=WAIT)
+                        assert migrate.returncode != 0, err
+                        assert app.execute(
+                            "select not indisvalid from pg_index where indexrelid = "
+                            "'jobqueue.tenant_turns_in_turn'::regclass").fetchone() == (True,)
+                        continue
+                    writer.commit()
+                    out, err = migrate.communicate(timeout=WAIT)
+                finally:
+                    stop(migrate)
+    finally:
+        writer.close()
+    assert migrate.returncode == 0 and "applied 0004_claim_plans" in out, err
+    assert "left invalid by a build that stopped" in err
+    with psycopg.connect(admin, autocommit=True) as c:
+        indexes = dict(c.execute(
+            "select c.relname, i.indisvalid from pg_index i join pg_class c on c.oid = "
+            "i.indexrelid where c.relnamespace = 'jobqueue'::regnamespace and c.relname in "
+            "('jobs_claimable_by_tenant', 'jobs_claimable_by_tenant_0004', "
+            "'tenant_turns_in_turn')").fetchall())
+        assert indexes == {"jobs_claimable_by_tenant": True, "tenant_turns_in_turn": True}
+        assert "tenant_id IS NOT NULL" in c.execute(
+            "select pg_get_indexdef('jobqueue.jobs_claimable_by_tenant'::regclass)").fetchone()[0]
+        assert c.execute("select count(*) from jobqueue.jobs").fetchone() == (2,)
+
+
 def test_a_worker_refuses_a_schema_newer_than_it_knows_and_a_running_one_stops(
         scratch: Scratch, home: Path, conn: psycopg.Connection) -> None:
     """A newer version migrated the schema: a running worker stops (exit 2, one line) instead

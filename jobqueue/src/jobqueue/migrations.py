@@ -1,8 +1,8 @@
 """Create and upgrade the queue's schema: numbered migrations, each applied once, in order.
 
-``migrations/NNNN_name.sql`` are applied by ``migrate`` in one transaction under an advisory
-lock (workers and deploys started together cannot trip over each other), each recorded in
-``jobqueue.migrations``. The first install chooses the tenant key's type (the domain
+``migrations/NNNN_name.sql`` are applied by ``migrate`` in one transaction (online ones apart,
+below) under an advisory lock (workers and deploys started together cannot trip over each
+other), each recorded in ``jobqueue.migrations``. The first install chooses the tenant key's type (the domain
 ``jobqueue.tenant_id``: bigint, integer, uuid or text), matching the application's tenants.
 ``check`` is what a worker runs at start: the schema is there, neither behind this package nor
 ahead of it, and the role may do what a worker does; otherwise one ``ConfigError`` that says
@@ -12,7 +12,9 @@ Online: ``migrate`` takes its locks with a ``lock_timeout`` (2 s by default). A 
 alters ``jobqueue.jobs`` needs that table to itself; waiting behind a running job's
 transaction would make every enqueue of the application wait behind the migration. So it gives
 up after the timeout (the transaction rolls back: nothing half done), waits a moment and tries
-again, ``tries`` times, then stops with ``MigrationBlocked`` saying who holds the table.
+again, ``tries`` times, then stops with ``MigrationBlocked`` saying who holds the table. A
+migration that builds an index is online (``ONLINE``): its statements run one by one outside
+a transaction, ``create index concurrently``, so writes go on while the index is built.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 LOCK_TIMEOUT = 2.0
 #: How many times ``migrate`` tries before it gives up.
 LOCK_TRIES = 5
+#: The line that makes a migration online: its statements run one by one, outside a
+#: transaction (``create index concurrently``).
+ONLINE = "-- jobqueue: online"
 
 
 class MigrationBlocked(JobQueueError):
@@ -79,7 +84,8 @@ def migrate(conn: psycopg.Connection, tenant_type: str | None = None, *,
         try:
             return _migrate_once(conn, tenant_type, lock_timeout)
         except psycopg.errors.LockNotAvailable as e:
-            holders = [r[0] for r in conn.execute(q("migrate_blockers")).fetchall()]
+            with conn.transaction():  # ended at once: the next try starts outside one
+                holders = [r[0] for r in conn.execute(q("migrate_blockers")).fetchall()]
             who = "; ".join(holders) or "a transaction that has ended since"
             if attempt == tries:
                 raise MigrationBlocked(
@@ -95,7 +101,43 @@ def migrate(conn: psycopg.Connection, tenant_type: str | None = None, *,
 
 def _migrate_once(conn: psycopg.Connection, tenant_type: str | None,
                   lock_timeout: float) -> list[str]:
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise ConfigError("migrate needs a connection outside a transaction: a migration that "
+                          "builds an index concurrently cannot run inside one")
     applied: list[str] = []
+    autocommit = conn.autocommit
+    conn.autocommit = True
+    try:
+        # Held for the whole run (the transactions below take it again: same session): another
+        # migrate waits for this one, online steps included. It blocks no enqueue.
+        conn.execute(q("migrate_session_lock"))
+        try:
+            while (online := _apply_in_transaction(conn, tenant_type, lock_timeout,
+                                                   applied)) is not None:
+                version, name, statements = online
+                for statement in statements:
+                    _drop_invalid_index(conn, statement)
+                    conn.execute(statement)  # type: ignore[arg-type,unused-ignore]  # our own file
+                with conn.transaction():
+                    conn.execute(q("migration_record"), {"version": version, "name": name})
+                    conn.execute(q("migrate_notify"))
+                applied.append(name)
+        finally:
+            if not conn.closed and \
+                    conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                conn.execute(q("migrate_session_unlock"))
+    finally:
+        if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            conn.autocommit = autocommit
+    return applied
+
+
+def _apply_in_transaction(conn: psycopg.Connection, tenant_type: str | None,
+                          lock_timeout: float, applied: list[str]
+                          ) -> tuple[int, str, list[str]] | None:
+    """Apply, in one transaction, the migrations due before the next online one; return that
+    one (version, name, its statements), or None when none is left."""
+    online: tuple[int, str, list[str]] | None = None
     with conn.transaction():
         conn.execute(q("migrate_lock"))  # another migrate: waited for (it blocks no enqueue)
         # From here every lock is waited for at most lock_timeout: an enqueue queued behind
@@ -110,16 +152,55 @@ def _migrate_once(conn: psycopg.Connection, tenant_type: str | None,
             raise ConfigError(f"jobqueue is installed with {row[0]} tenant ids, not "
                               f"{tenant_type}: changing it is a migration of your own")
         done = {r[0] for r in conn.execute(q("migrations_applied")).fetchall()}
+        here = []
         for version, name, path in available():
             if version in done:
                 continue
-            conn.execute(path.read_text())  # type: ignore[arg-type,unused-ignore]  # our own file
+            text = path.read_text()
+            if (statements := online_statements(text)) is not None:
+                online = (version, name, statements)
+                break
+            conn.execute(text)  # type: ignore[arg-type,unused-ignore]  # our own file
             conn.execute(q("migration_record"), {"version": version, "name": name})
-            applied.append(name)
-        if applied:
+            here.append(name)
+        if here:
             # Workers that run now learn of it at once (and one older than the schema stops).
             conn.execute(q("migrate_notify"))
-    return applied
+    applied.extend(here)
+    return online
+
+
+def online_statements(text: str) -> list[str] | None:
+    """Return an online migration's statements, each run on its own outside a transaction (None:
+    not an online migration).
+
+    An online migration (its file has the line ``-- jobqueue: online``) builds its indexes with
+    ``create index concurrently``: enqueues, claims and finishes go on during the build (a plain
+    ``create index`` holds a lock that stops every write to the table for as long as the build
+    takes). Each statement must be safe to run again (``if not exists``, ``if exists``): a
+    migrate stopped half way runs the whole file again; an index a stopped build left invalid is
+    dropped first (``_drop_invalid_index``). Statements are split at ``;`` (our own files).
+    """
+    lines = text.splitlines()
+    if ONLINE not in (line.strip() for line in lines):
+        return None
+    body = "\n".join(line for line in lines if not line.lstrip().startswith("--"))
+    return [s.strip() for s in body.split(";") if s.strip()]
+
+
+_CONCURRENT_INDEX = re.compile(
+    r"create\s+(?:unique\s+)?index\s+concurrently\s+if\s+not\s+exists\s+(\w+)", re.I)
+
+
+def _drop_invalid_index(conn: psycopg.Connection, statement: str) -> None:
+    """Before ``create index concurrently if not exists NAME``: drop NAME if a build that was
+    stopped (a cancel, a lost connection) left it invalid; ``if not exists`` would keep it."""
+    m = _CONCURRENT_INDEX.search(statement)
+    if m and conn.execute(q("invalid_index"), {"name": m.group(1)}).fetchone():
+        log.warning("migrate: index %s was left invalid by a build that stopped: building it "
+                    "again", m.group(1))
+        conn.execute(sql.SQL("drop index concurrently if exists jobqueue.{}").format(
+            sql.Identifier(m.group(1))))
 
 
 def check(conn: psycopg.Connection, uses: tuple[str, ...] = ()) -> None:

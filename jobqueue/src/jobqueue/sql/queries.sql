@@ -443,6 +443,18 @@ select status, count(*) as jobs from jobqueue.jobs group by status order by stat
 -- name: migrate_lock
 select pg_advisory_xact_lock(hashtext('jobqueue migrate'));
 
+-- Held by migrate for its whole run, online migrations included (they run outside a transaction).
+-- name: migrate_session_lock
+select pg_advisory_lock(hashtext('jobqueue migrate'));
+
+-- name: migrate_session_unlock
+select pg_advisory_unlock(hashtext('jobqueue migrate'));
+
+-- Run by migrate before an online migration builds an index: one a stopped build left invalid.
+-- name: invalid_index
+select 1 from pg_index i join pg_class c on c.oid = i.indexrelid
+ where c.relnamespace = 'jobqueue'::regnamespace and c.relname = %(name)s and not i.indisvalid;
+
 -- name: migrate_lock_timeout
 select set_config('lock_timeout', %(ms)s, true);
 
