@@ -135,6 +135,15 @@ def status(conn: psycopg.Connection, job: int) -> str:
 
 # -- item 5: online upgrades -------------------------------------------------------------------
 
+def migrate_up_to(admin: str, version: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Install the schema as an older package would: the migrations up to `version` only."""
+    with psycopg.connect(admin, autocommit=True) as c:
+        older = [m for m in migrations.available() if m[0] <= version]
+        monkeypatch.setattr(migrations, "available", lambda: older)
+        migrations.migrate(c)
+        monkeypatch.undo()
+
+
 def test_migrate_behind_a_running_job_never_holds_enqueues_longer_than_its_lock_timeout(
         fresh_db: dict[str, str], home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Installed at 0002, a job's transaction open on jobqueue.jobs: `migrate` (0003 alters
@@ -142,11 +151,7 @@ def test_migrate_behind_a_running_job_never_holds_enqueues_longer_than_its_lock_
     while the job still runs; it gives up in one line, changes nothing, and applies once the
     job is done. Before: it waited for the job, and every enqueue waited behind it."""
     admin = fresh_db["admin"]
-    with psycopg.connect(admin, autocommit=True) as c:
-        up_to_2 = [m for m in migrations.available() if m[0] <= 2]
-        monkeypatch.setattr(migrations, "available", lambda: up_to_2)
-        migrations.migrate(c)
-        monkeypatch.undo()
+    migrate_up_to(admin, 2, monkeypatch)
     job = psycopg.connect(admin, application_name="test running job")  # a job's transaction
     job.execute("select count(*) from jobqueue.jobs")
     migrate = subprocess.Popen([*PROG, "migrate", "--dsn", admin, "--lock-timeout", "0.5"],
@@ -186,11 +191,7 @@ def test_migrate_builds_its_indexes_while_enqueues_go_on_and_repairs_a_stopped_b
     jobs' index in its transaction, holding the table's strongest lock while it waited and
     built: the enqueue timed out."""
     admin = fresh_db["admin"]
-    with psycopg.connect(admin, autocommit=True) as c:
-        up_to_3 = [m for m in migrations.available() if m[0] <= 3]
-        monkeypatch.setattr(migrations, "available", lambda: up_to_3)
-        migrations.migrate(c)
-        monkeypatch.undo()
+    migrate_up_to(admin, 3, monkeypatch)
     writer = psycopg.connect(admin, application_name="test turns writer")
     writer.execute("insert into jobqueue.tenant_turns (tenant_id, last_served) values (7, 'infinity')")
     try:
