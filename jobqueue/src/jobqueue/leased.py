@@ -78,6 +78,9 @@ APP = (__package__ or "jobqueue").split(".")[0]
 log = logging.getLogger(APP)
 
 Work = Callable[[psycopg.Connection, Claim], Any]
+#: How long the watchdog's fail waits for a job's row lock (held briefly by a beat or a cancel,
+#: or for a whole batch by --batch-commit, which then fails the job itself).
+OVERDUE_LOCK_TIMEOUT_MS = 1000
 
 
 class Leased:
@@ -242,7 +245,16 @@ class Leased:
         text = (f"job {claim.id} ran longer than its maximum runtime ({limit or 0:g} s) at attempt "
                 f"{claim.attempt} on {claim.worker}: failed by the watchdog after {runtime:.0f} s "
                 "(its handler was not interrupted; its finish is fenced out)")
-        row = conn.execute(*self._fail_query(claim, text)).fetchone()
+        try:
+            with conn.transaction():
+                # Never wait long: a batch of this worker (--batch-commit) holds its jobs' rows
+                # locked until it commits, and fails such a job itself when its handler returns.
+                conn.execute(q("lock_timeout_local"), {"ms": f"{OVERDUE_LOCK_TIMEOUT_MS}ms"})
+                row = conn.execute(*self._fail_query(claim, text)).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            log.warning("job %s attempt %s: its row is locked (by a batch of this worker): the "
+                        "batch fails the attempt when its handler returns", claim.id, claim.attempt)
+            return
         self._failed(claim, text, row, claim.events)
 
     # -- execute -------------------------------------------------------------------------------
@@ -430,76 +442,114 @@ class Leased:
                      claim_next: int | Callable[[], int] = 0) -> list[Outcome]:
         """Run claimed jobs one after another in one transaction, one commit for them all.
 
-        Each job runs in a savepoint of its own: its start and finish fenced on their own, its
-        tenant set locally. A job that fails (a statement timeout, a deadlock: any error on a
-        connection that is still up) or is fenced rolls back to its savepoint, and a failure is
-        counted in the same transaction: the batch goes on. One fsync for the batch instead of
-        one per job; the price: a lost connection or a crash before that commit loses every
-        finish of the batch (their attempts were counted at the claim: they run again, counted).
+        The batch's first statement checks every claim's fence (this attempt, running, lease
+        live) and locks the rows of those that pass until the commit (``lock_batch_if_owner``):
+        no other session can take, reap or cancel them meanwhile, so each fence holds from the
+        batch's start to its commit. Each job then costs one round trip before its handler (a
+        savepoint of its own, its tenant set locally, bound) and nothing after it: the jobs that
+        succeeded are finished together, fenced by their attempts, in one statement with the
+        next claim (``complete_batch_if_owner``). A job that fails (a statement timeout, a
+        deadlock: any error on a connection that is still up) rolls back to its savepoint and
+        its failure is counted in the same transaction: the batch goes on. One fsync for the
+        batch instead of one per job; the prices: a lost connection or a crash before that
+        commit loses every finish of the batch (their attempts were counted at the claim: they
+        run again, counted), and the row locks take a transaction id at the batch's start, so
+        the batch holds the VACUUM horizon (and ``cancel`` of its jobs waits) until it commits.
         """
         results: list[tuple[Claim, Outcome]] = []
         errors: dict[int, BaseException] = {}  # job id -> what its handler raised
         claimed: list[Claim] = []
+        ok: list[tuple[Claim, Any]] = []  # (claim, result) of the jobs that succeeded
+        ended: dict[int, Any] = {}  # job id -> its end (the next statement's server clock)
+        hooks, handlers, setting = self.hooks, self.handlers, self.tenant_setting
+        before_start = None if type(hooks).before_start is Hooks.before_start \
+            else hooks.before_start
         with _work_transaction(conn):
-            started: dict[int, bool] = {}  # job index -> its start was sent (and succeeded)
-            for i, c in enumerate(claims):
-                # Savepoint j<i> is never released: a fenced or failing job rolls back to it.
-                # Pipelined, a done job costs one round trip: its fenced finish travels with
-                # the next job's savepoint and start (a fenced finish rolls those back too,
-                # and the next job starts again).
+            # Simple protocol, bound client-side: one message per step, no portal (and no
+            # snapshot) left open while a handler runs.
+            cur = psycopg.ClientCursor(conn)
+            owned = {r[0] for r in cur.execute(q("lock_batch_if_owner"), {
+                "ids": [c.id for c in claims], "attempts": [c.attempt for c in claims]})}
+            start, before = q("start_in_batch"), conn.cursor_factory
+            last: Claim | None = None  # the last job that succeeded, its end not known yet
+            for c in claims:
+                if c.id not in owned:
+                    self.release(c)
+                    why = (f"job {c.id} lease ran out before its start at attempt {c.attempt}: "
+                           "not started")
+                    # Its record commits with the batch (logged now: the batch goes on).
+                    self._record_fenced(conn, c, why)
+                    results.append((c, Outcome(c, "fenced", error=why)))
+                    continue
+                # Its fence is held (locked above): a savepoint, its tenant, the clock.
+                cur.execute(start, {"setting": setting, "tenant": str(c.tenant_id)})
+                cur.nextset()
+                row = cur.fetchone()
+                assert row is not None
+                c.started = row[0]
+                if last is not None:
+                    ended[last.id], last = row[0], None
+                c.events.emit("execute", job=c.id, attempt=c.attempt, tenant=c.tenant_id,
+                              kind=c.kind)
+                conn.cursor_factory = psycopg.ClientCursor  # client_binding, inlined
                 try:
-                    if i not in started:
-                        with conn.pipeline():
-                            conn.execute(f"savepoint j{i}")
-                            cur = conn.execute(*self.start_query(c))
-                            release_snapshot(conn)
-                        started[i] = self._started(c, cur.fetchone())
-                    if not started[i]:
-                        raise LeaseLost(f"job {c.id} lease ran out before its start at attempt "
-                                        f"{c.attempt}: not started")
-                    fn = self.handlers.lookup(c)
-                    self.hooks.before_start(c)
-                    with client_binding(conn):
+                    fn = handlers.lookup(c)
+                    if before_start is not None:
+                        before_start(c)
+                    if not c.cancel_seen:
                         result = call_handler(fn, conn, c)
-                    self.release(c)
-                    nxt = claims[i + 1] if i + 1 < len(claims) else None
-                    with conn.pipeline():
-                        done = conn.execute(*self.finish_query(c))
-                        if nxt is not None:
-                            conn.execute(f"savepoint j{i + 1}")
-                            cur = conn.execute(*self.start_query(nxt))
-                            release_snapshot(conn)
-                    if not (row := done.fetchone()) or not row[0]:
-                        raise LeaseLost(f"job {c.id} lease lost at attempt {c.attempt}")
-                    c.run_id = row[1]
-                    if nxt is not None:
-                        started[i + 1] = self._started(nxt, cur.fetchone())
-                    results.append((c, Outcome(c, "done", result=result)))
+                    if c.cancel_seen:
+                        # The watchdog let it go (past its maximum runtime, counted from its
+                        # claim) before or while it ran: it cannot fail the attempt, whose row
+                        # this batch holds locked; the batch fails it here, counted.
+                        raise Overdue(f"job {c.id} ran longer than its maximum runtime at "
+                                      f"attempt {c.attempt} on {c.worker}: failed by the watchdog")
+                    ok.append((c, result))
+                    last = c
                 except BaseException as e:
-                    self.release(c)
                     if broken(conn) or not isinstance(e, Exception):
                         raise  # the connection is gone (the worker reconnects), or a stop
-                    # The job's own error (or its fence): the connection is fine. Back to its
-                    # savepoint (the next job's start, if it was sent, goes with it).
-                    conn.execute(f"rollback to savepoint j{i}")
-                    started.pop(i + 1, None)
-                    if isinstance(e, LeaseLost):
-                        # Its record commits with the batch (logged now: the batch goes on).
-                        self._record_fenced(conn, c, str(e))
-                        results.append((c, Outcome(c, "fenced", error=str(e))))
-                        continue
+                    # The job's own error: the connection is fine. Back to its savepoint.
+                    conn.cursor_factory = before
+                    cur.execute(q("rollback_job"))
                     text = error_detail(e)
                     errors[c.id] = e
-                    row = conn.execute(*self._fail_query(c, text)).fetchone()
+                    row = cur.execute(*self._fail_query(c, text)).fetchone()
                     results.append((c, self._failed(c, text, row, c.events, emit=False, exc=e)))
+                finally:
+                    conn.cursor_factory = before
+                    self.release(c)
             more = claim_next() if callable(claim_next) else claim_next
-            if more and self.heartbeat_ready(conn):
-                with conn.cursor(row_factory=class_row(Claim)) as claim_cur:
+            more = more if more and self.heartbeat_ready(conn) else 0
+            with conn.pipeline():
+                done = conn.execute(q("complete_batch_if_owner"), {
+                    "ids": [c.id for c, _ in ok], "attempts": [c.attempt for c, _ in ok],
+                    "started": [c.started for c, _ in ok],
+                    "finished": [ended.get(c.id) for c, _ in ok],
+                    "worker": claims[0].worker if claims else "worker"}) if ok else None
+                if more:
                     # The worker's own claim (FIFO or fair), durable: it commits with the batch.
-                    claimed = sorted(
-                        claim_cur.execute(*self.claim_query(more, chained=True)).fetchall(),
-                        key=lambda c: c.id)
-        # Committed: now it happened, and the events say so.
+                    claim_cur = conn.cursor(row_factory=class_row(Claim))
+                    claim_cur.execute(*self.claim_query(more, chained=True))
+            runs = dict(done.fetchall()) if done is not None else {}
+            if more:
+                claimed = sorted(claim_cur.fetchall(), key=lambda c: c.id)
+            for c, result in ok:
+                if (run := runs.get(c.id)) is not None:
+                    c.run_id = run
+                    results.append((c, Outcome(c, "done", result=result)))
+                    continue
+                # Only this transaction can have changed a locked row: a handler that wrote its
+                # own (or another batch job's) row. Not rolled back (that would undo the jobs
+                # after it, which then ran twice): recorded fenced, logged.
+                why = (f"job {c.id} attempt {c.attempt}: its row was changed inside the batch's "
+                       "own transaction (by a handler), its finish matched nothing")
+                log.warning("%s", why)
+                self._record_fenced(conn, c, why)
+                results.append((c, Outcome(c, "fenced", error=why)))
+        # Committed: now it happened, and the events say so (in the claims' order).
+        order = {c.id: i for i, c in enumerate(claims)}
+        results.sort(key=lambda r: order[r[0].id])
         for c, o in results:
             ev = c.events
             if o.status == "done":
@@ -511,11 +561,12 @@ class Leased:
                 ev.emit("fail", job=c.id, attempt=c.attempt, error=o.error, counted=True)
                 if o.status == "dead":
                     ev.emit("dead", job=c.id, attempt=c.attempt)
-        for c, o in results:
-            if c.id in errors:
-                on_failure(self.hooks, c, o, errors[c.id])
-            else:
-                after_finish(self.hooks, c, o)
+        if hooks is not NO_HOOKS:
+            for c, o in results:
+                if c.id in errors:
+                    on_failure(hooks, c, o, errors[c.id])
+                else:
+                    after_finish(hooks, c, o)
         if claims:
             self._claimed(conn, claimed, claims[-1].worker, claims[-1].events)
             results[-1][1].claimed = claimed
@@ -589,6 +640,10 @@ def child_exit(error: BaseException | None) -> NoReturn:
 class HandlerExit(JobQueueError):
     """A handler raised SystemExit or ended the work's transaction: the job fails (counted);
     the worker goes on."""
+
+
+class Overdue(JobQueueError):
+    """A job of a locked batch ran past its maximum runtime: it fails there (counted)."""
 
 
 @contextmanager
