@@ -464,12 +464,16 @@ class Leased:
         hooks, handlers, setting = self.hooks, self.handlers, self.tenant_setting
         before_start = None if type(hooks).before_start is Hooks.before_start \
             else hooks.before_start
-        with _work_transaction(conn):
+        with _batch_transaction(conn) as own:
             # Simple protocol, bound client-side: one message per step, no portal (and no
-            # snapshot) left open while a handler runs.
+            # snapshot) left open while a handler runs. BEGIN travels with the lock.
             cur = psycopg.ClientCursor(conn)
-            owned = {r[0] for r in cur.execute(q("lock_batch_if_owner"), {
-                "ids": [c.id for c in claims], "attempts": [c.attempt for c in claims]})}
+            cur.execute(q("begin") + "\n" + q("lock_batch_if_owner") if own
+                        else q("lock_batch_if_owner"),
+                        {"ids": [c.id for c in claims], "attempts": [c.attempt for c in claims]})
+            if own:
+                cur.nextset()
+            owned = {r[0] for r in cur}
             start, before = q("start_in_batch"), conn.cursor_factory
             last: Claim | None = None  # the last job that succeeded, its end not known yet
             for c in claims:
@@ -531,6 +535,10 @@ class Leased:
                     # The worker's own claim (FIFO or fair), durable: it commits with the batch.
                     claim_cur = conn.cursor(row_factory=class_row(Claim))
                     claim_cur.execute(*self.claim_query(more, chained=True))
+                if own and ok:
+                    # COMMIT in the same round trip (a fenced finish never needs a rollback
+                    # here: the rows are locked). An error above skips it: rolled back.
+                    conn.execute(q("commit"), prepare=False)
             runs = dict(done.fetchall()) if done is not None else {}
             if more:
                 claimed = sorted(claim_cur.fetchall(), key=lambda c: c.id)
@@ -691,6 +699,29 @@ def _autocommit(conn: psycopg.Connection) -> Iterator[None]:
         return
     with conn.transaction():
         yield
+
+
+@contextmanager
+def _batch_transaction(conn: psycopg.Connection) -> Iterator[bool]:
+    """Run a batch's transaction; yield True when the caller sends BEGIN and COMMIT itself.
+
+    On an autocommit connection with no transaction open (the worker's), BEGIN travels with the
+    batch's first statement and COMMIT with its last: two round trips fewer. Otherwise (a
+    caller's own transaction, or a connection that is not autocommit) ``conn.transaction()``.
+    A COMMIT that did not go out is sent at the end; an error rolls back (the connection up).
+    """
+    if not (conn.autocommit
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE):
+        with conn.transaction():
+            yield False
+        return
+    try:
+        yield True
+    except BaseException:
+        if not broken(conn):
+            conn.rollback()
+        raise
+    conn.commit()  # nothing left open: a no-op when the COMMIT went with the last statement
 
 
 @contextmanager

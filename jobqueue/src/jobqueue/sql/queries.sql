@@ -287,6 +287,14 @@ with done as (
 )
 select count(*) as finished, (select id from run) as run from done;
 
+-- Sent by Leased.run_together with its first statement (BEGIN) and its last (COMMIT), on the
+-- worker's autocommit connection: the batch's transaction costs no round trip of its own.
+-- name: begin
+begin;
+
+-- name: commit
+commit;
+
 -- Run by the watchdog (Leased._overdue) in a transaction of its own before its fenced fail:
 -- how long it may wait for the job's row lock (a batch holds its rows until it commits).
 -- name: lock_timeout_local
