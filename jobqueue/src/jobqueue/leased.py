@@ -539,7 +539,7 @@ class Leased:
                     # COMMIT in the same round trip (a fenced finish never needs a rollback
                     # here: the rows are locked). An error above skips it: rolled back.
                     conn.execute(q("commit"), prepare=False)
-            runs = dict(done.fetchall()) if done is not None else {}
+            runs: dict[int, int] = dict(done.fetchall()) if done is not None else {}
             if more:
                 claimed = sorted(claim_cur.fetchall(), key=lambda c: c.id)
             for c, result in ok:
