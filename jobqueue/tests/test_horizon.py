@@ -3,7 +3,8 @@
 Handlers as users write them: one that does nothing with the database (it sleeps), one that
 reads with parameters and then waits. While each runs, the worker's session has no
 backend_xmin, and VACUUM of another table removes the rows deleted meanwhile. Before the fix,
-the start's unnamed portal (a query with parameters) kept its snapshot for the whole job: 1,000 rows "dead but not yet removable".
+the start's unnamed portal (a query with parameters) kept its snapshot for the whole job: 1,000
+rows "dead but not yet removable".
 
 A batch in one transaction (``--batch-commit``) is the exception, by design and documented: it
 locks its jobs' rows at its start (so each job's fence holds to the commit), and a row lock takes
