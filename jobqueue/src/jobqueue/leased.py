@@ -456,6 +456,10 @@ class Leased:
         run again, counted), and the row locks take a transaction id at the batch's start, so
         the batch holds the VACUUM horizon (and ``cancel`` of its jobs waits) until it commits.
         """
+        if claims and (self.start_query(claims[0])[0] != q("start_if_owner")
+                       or self.finish_query(claims[0])[0] != q("complete_if_owner")):
+            # A design with statements of its own (the extension points): they run, per job.
+            return self._run_together_per_job(conn, claims, claim_next=claim_next)
         results: list[tuple[Claim, Outcome]] = []
         errors: dict[int, BaseException] = {}  # job id -> what its handler raised
         claimed: list[Claim] = []
@@ -575,6 +579,104 @@ class Leased:
                     on_failure(hooks, c, o, errors[c.id])
                 else:
                     after_finish(hooks, c, o)
+        if claims:
+            self._claimed(conn, claimed, claims[-1].worker, claims[-1].events)
+            results[-1][1].claimed = claimed
+        return [o for _, o in results]
+
+    def _run_together_per_job(self, conn: psycopg.Connection, claims: list[Claim], *,
+                              claim_next: int | Callable[[], int] = 0) -> list[Outcome]:
+        """Run a batch in one transaction through the design's own start and finish, per job.
+
+        For a subclass that changes ``start_query`` or ``finish_query`` (the lab's naive
+        design): its statements, one job after another, as before the locked batch.
+
+        Each job runs in a savepoint of its own: its start and finish fenced on their own, its
+        tenant set locally. A job that fails (a statement timeout, a deadlock: any error on a
+        connection that is still up) or is fenced rolls back to its savepoint, and a failure is
+        counted in the same transaction: the batch goes on. One fsync for the batch instead of
+        one per job; the price: a lost connection or a crash before that commit loses every
+        finish of the batch (their attempts were counted at the claim: they run again, counted).
+        """
+        results: list[tuple[Claim, Outcome]] = []
+        errors: dict[int, BaseException] = {}  # job id -> what its handler raised
+        claimed: list[Claim] = []
+        with _work_transaction(conn):
+            started: dict[int, bool] = {}  # job index -> its start was sent (and succeeded)
+            for i, c in enumerate(claims):
+                # Savepoint j<i> is never released: a fenced or failing job rolls back to it.
+                # Pipelined, a done job costs one round trip: its fenced finish travels with
+                # the next job's savepoint and start (a fenced finish rolls those back too,
+                # and the next job starts again).
+                try:
+                    if i not in started:
+                        with conn.pipeline():
+                            conn.execute(f"savepoint j{i}")
+                            cur = conn.execute(*self.start_query(c))
+                            release_snapshot(conn)
+                        started[i] = self._started(c, cur.fetchone())
+                    if not started[i]:
+                        raise LeaseLost(f"job {c.id} lease ran out before its start at attempt "
+                                        f"{c.attempt}: not started")
+                    fn = self.handlers.lookup(c)
+                    self.hooks.before_start(c)
+                    with client_binding(conn):
+                        result = call_handler(fn, conn, c)
+                    self.release(c)
+                    nxt = claims[i + 1] if i + 1 < len(claims) else None
+                    with conn.pipeline():
+                        done = conn.execute(*self.finish_query(c))
+                        if nxt is not None:
+                            conn.execute(f"savepoint j{i + 1}")
+                            cur = conn.execute(*self.start_query(nxt))
+                            release_snapshot(conn)
+                    if not (row := done.fetchone()) or not row[0]:
+                        raise LeaseLost(f"job {c.id} lease lost at attempt {c.attempt}")
+                    c.run_id = row[1]
+                    if nxt is not None:
+                        started[i + 1] = self._started(nxt, cur.fetchone())
+                    results.append((c, Outcome(c, "done", result=result)))
+                except BaseException as e:
+                    self.release(c)
+                    if broken(conn) or not isinstance(e, Exception):
+                        raise  # the connection is gone (the worker reconnects), or a stop
+                    # The job's own error (or its fence): the connection is fine. Back to its
+                    # savepoint (the next job's start, if it was sent, goes with it).
+                    conn.execute(f"rollback to savepoint j{i}")
+                    started.pop(i + 1, None)
+                    if isinstance(e, LeaseLost):
+                        # Its record commits with the batch (logged now: the batch goes on).
+                        self._record_fenced(conn, c, str(e))
+                        results.append((c, Outcome(c, "fenced", error=str(e))))
+                        continue
+                    text = error_detail(e)
+                    errors[c.id] = e
+                    row = conn.execute(*self._fail_query(c, text)).fetchone()
+                    results.append((c, self._failed(c, text, row, c.events, emit=False, exc=e)))
+            more = claim_next() if callable(claim_next) else claim_next
+            if more and self.heartbeat_ready(conn):
+                with conn.cursor(row_factory=class_row(Claim)) as claim_cur:
+                    # The worker's own claim (FIFO or fair), durable: it commits with the batch.
+                    claimed = sorted(
+                        claim_cur.execute(*self.claim_query(more, chained=True)).fetchall(),
+                        key=lambda c: c.id)
+        # Committed: now it happened, and the events say so.
+        for c, o in results:
+            ev = c.events
+            if o.status == "done":
+                ev.emit("finish", job=c.id, attempt=c.attempt, result=o.result)
+                logs.done(c)
+            elif o.status == "fenced":
+                ev.emit("fenced", job=c.id, attempt=c.attempt, step="complete")
+            else:
+                ev.emit("fail", job=c.id, attempt=c.attempt, error=o.error, counted=True)
+                if o.status == "dead":
+                    ev.emit("dead", job=c.id, attempt=c.attempt)
+        for c, o in results:
+            if c.id in errors:
+                on_failure(self.hooks, c, o, errors[c.id])
+            else:
+                after_finish(self.hooks, c, o)
         if claims:
             self._claimed(conn, claimed, claims[-1].worker, claims[-1].events)
             results[-1][1].claimed = claimed
