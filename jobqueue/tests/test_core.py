@@ -287,21 +287,31 @@ def test_a_batch_of_ten_in_one_commit_fails_only_the_failing_job_and_skips_one_t
         i: r[5] for i, r in done.items()}
 
 
-def test_a_batch_in_one_commit_fences_a_job_whose_handler_changed_its_own_row(conn) -> None:
+def test_a_batch_in_one_commit_keeps_a_handlers_own_mischief_to_its_job(conn) -> None:
     # The batch holds its rows locked: only its own transaction can change them. A handler that
-    # cancels its own job is fenced at the finish; the others are done, none runs twice.
+    # cancels its own job is fenced at the finish; one that swallows its own statement's error
+    # (its transaction aborted) fails; the others are done, none runs twice.
     def cancels_itself(c: psycopg.Connection, job: Claim) -> None:
         c.execute("update jobqueue.jobs set status = 'cancelled' where id = %s", (job.id,))
 
+    def swallows_its_error(c: psycopg.Connection, job: Claim) -> None:
+        try:
+            c.execute("select 1/0")
+        except psycopg.errors.DivisionByZero:
+            pass  # and returns: its transaction is aborted
+
     first, = many(conn, "who", 1)
     odd, = many(conn, "odd", 2)
-    last, = many(conn, "who", 3)
-    leased = Leased(Handlers({"who": tenant_seen, "odd": cancels_itself}), lease=30,
-                    heartbeat=None)
-    outcomes = leased.run_together(conn, leased.claim_many(conn, 3))
+    swallow, = many(conn, "swallow", 3, max_attempts=1)
+    last, = many(conn, "who", 4)
+    leased = Leased(Handlers({"who": tenant_seen, "odd": cancels_itself,
+                              "swallow": swallows_its_error}), lease=30, heartbeat=None)
+    outcomes = leased.run_together(conn, leased.claim_many(conn, 4))
     assert [(o.claim.id, o.status) for o in outcomes] == [
-        (first, "done"), (odd, "fenced"), (last, "done")]
-    assert [status(conn, j)[0] for j in (first, odd, last)] == ["done", "cancelled", "done"]
+        (first, "done"), (odd, "fenced"), (swallow, "dead"), (last, "done")]
+    assert [status(conn, j)[0] for j in (first, odd, swallow, last)] == [
+        "done", "cancelled", "dead", "done"]
+    assert outcomes[-1].result == "4"  # the job after the swallowed error ran, as its tenant
 
 
 def test_the_watchdog_fails_a_job_of_a_locked_batch_without_waiting_for_it(conn) -> None:

@@ -78,6 +78,7 @@ APP = (__package__ or "jobqueue").split(".")[0]
 log = logging.getLogger(APP)
 
 Work = Callable[[psycopg.Connection, Claim], Any]
+INERROR = psycopg.pq.TransactionStatus.INERROR
 #: How long the watchdog's fail waits for a job's row lock (held briefly by a beat or a cancel,
 #: or for a whole batch by --batch-commit, which then fails the job itself).
 OVERDUE_LOCK_TIMEOUT_MS = 1000
@@ -506,6 +507,11 @@ class Leased:
                         before_start(c)
                     if not c.cancel_seen:
                         result = call_handler(fn, conn, c)
+                    if conn.info.transaction_status == INERROR:
+                        # A statement of its handler failed and the handler went on: its own
+                        # error (the next job's statements would meet the aborted transaction).
+                        raise HandlerExit(f"the handler of job {c.id} ({c.kind}) returned after "
+                                          "a statement of its own failed: the job fails")
                     if c.cancel_seen:
                         # The watchdog let it go (past its maximum runtime, counted from its
                         # claim) before or while it ran: it cannot fail the attempt, whose row
