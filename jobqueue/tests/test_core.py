@@ -290,7 +290,8 @@ def test_a_batch_of_ten_in_one_commit_fails_only_the_failing_job_and_skips_one_t
 def test_a_batch_in_one_commit_keeps_a_handlers_own_mischief_to_its_job(conn) -> None:
     # The batch holds its rows locked: only its own transaction can change them. A handler that
     # cancels its own job is fenced at the finish; one that swallows its own statement's error
-    # (its transaction aborted) fails; the others are done, none runs twice.
+    # (its transaction aborted) fails; one that raises before sending anything fails without
+    # undoing the job before it; the others are done, each as its tenant, none runs twice.
     def cancels_itself(c: psycopg.Connection, job: Claim) -> None:
         c.execute("update jobqueue.jobs set status = 'cancelled' where id = %s", (job.id,))
 
@@ -300,18 +301,33 @@ def test_a_batch_in_one_commit_keeps_a_handlers_own_mischief_to_its_job(conn) ->
         except psycopg.errors.DivisionByZero:
             pass  # and returns: its transaction is aborted
 
+    def writes(c: psycopg.Connection, job: Claim) -> None:
+        enqueue(c, "who", tenant=77)  # kept: this job is done
+
+    def raises_at_once(c: psycopg.Connection, job: Claim) -> None:
+        raise ValueError("nothing sent")  # nothing to roll back: the job before keeps its write
+
+    def server_bound(c: psycopg.Connection, job: Claim) -> str:
+        row = psycopg.Cursor(c).execute("select current_setting('app.tenant')").fetchone()
+        return str(row[0]) if row else ""
+
     first, = many(conn, "who", 1)
     odd, = many(conn, "odd", 2)
     swallow, = many(conn, "swallow", 3, max_attempts=1)
-    last, = many(conn, "who", 4)
-    leased = Leased(Handlers({"who": tenant_seen, "odd": cancels_itself,
-                              "swallow": swallows_its_error}), lease=30, heartbeat=None)
-    outcomes = leased.run_together(conn, leased.claim_many(conn, 4))
+    writer, = many(conn, "writes", 4)
+    raiser, = many(conn, "raise", 5, max_attempts=1)
+    last, = many(conn, "bound", 6)
+    leased = Leased(Handlers({"who": tenant_seen, "odd": cancels_itself, "writes": writes,
+                              "swallow": swallows_its_error, "raise": raises_at_once,
+                              "bound": server_bound}), lease=30, heartbeat=None)
+    outcomes = leased.run_together(conn, leased.claim_many(conn, 6))
     assert [(o.claim.id, o.status) for o in outcomes] == [
-        (first, "done"), (odd, "fenced"), (swallow, "dead"), (last, "done")]
-    assert [status(conn, j)[0] for j in (first, odd, swallow, last)] == [
-        "done", "cancelled", "dead", "done"]
-    assert outcomes[-1].result == "4"  # the job after the swallowed error ran, as its tenant
+        (first, "done"), (odd, "fenced"), (swallow, "dead"), (writer, "done"), (raiser, "dead"),
+        (last, "done")]
+    assert [status(conn, j)[0] for j in (first, odd, swallow, writer, raiser, last)] == [
+        "done", "cancelled", "dead", "done", "dead", "done"]
+    assert outcomes[-1].result == "6"  # its own tenant, by server-side binding too
+    assert conn.execute("select count(*) from jobqueue.jobs where tenant_id = 77").fetchone() == (1,)
 
 
 def test_the_watchdog_fails_a_job_of_a_locked_batch_without_waiting_for_it(conn) -> None:

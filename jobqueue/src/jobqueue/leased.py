@@ -34,12 +34,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, NoReturn
 
 import psycopg
+from psycopg.generators import execute
 from psycopg.rows import class_row
 
 from . import logs
@@ -478,9 +481,12 @@ class Leased:
                         {"ids": [c.id for c in claims], "attempts": [c.attempt for c in claims]})
             if own:
                 cur.nextset()
-            owned = {r[0] for r in cur}
+            rows = cur.fetchall()
+            owned = {r[0] for r in rows}
+            # The server's clock at the lock; each job's start and end are read from it plus the
+            # time passed here since (monotonic): no round trip per job for the clock.
+            at, since = (rows[0][1] if rows else None), time.monotonic()
             start, before = q("start_in_batch"), conn.cursor_factory
-            last: Claim | None = None  # the last job that succeeded, its end not known yet
             for c in claims:
                 if c.id not in owned:
                     self.release(c)
@@ -490,16 +496,13 @@ class Leased:
                     self._record_fenced(conn, c, why)
                     results.append((c, Outcome(c, "fenced", error=why)))
                     continue
-                # Its fence is held (locked above): a savepoint, its tenant, the clock.
-                cur.execute(start, {"setting": setting, "tenant": str(c.tenant_id)})
-                cur.nextset()
-                row = cur.fetchone()
-                assert row is not None
-                c.started = row[0]
-                if last is not None:
-                    ended[last.id], last = row[0], None
+                # Its fence is held (locked above). Its savepoint and tenant go out right before
+                # the first statement its handler (or before_start) sends: none, no round trip.
+                c.started = at + timedelta(seconds=time.monotonic() - since) if at else None
                 c.events.emit("execute", job=c.id, attempt=c.attempt, tenant=c.tenant_id,
                               kind=c.kind)
+                pre = _Preamble(conn, cur.mogrify(start, {"setting": setting,
+                                                          "tenant": str(c.tenant_id)}))
                 conn.cursor_factory = psycopg.ClientCursor  # client_binding, inlined
                 try:
                     fn = handlers.lookup(c)
@@ -518,19 +521,27 @@ class Leased:
                         # this batch holds locked; the batch fails it here, counted.
                         raise Overdue(f"job {c.id} ran longer than its maximum runtime at "
                                       f"attempt {c.attempt} on {c.worker}: failed by the watchdog")
+                    pre.off()
                     ok.append((c, result))
-                    last = c
+                    if at is not None:
+                        ended[c.id] = at + timedelta(seconds=time.monotonic() - since)
                 except BaseException as e:
-                    if broken(conn) or not isinstance(e, Exception):
-                        raise  # the connection is gone (the worker reconnects), or a stop
-                    # The job's own error: the connection is fine. Back to its savepoint.
+                    pre.off()
+                    if broken(conn) or not isinstance(e, Exception) or pre.failed:
+                        # The connection is gone (the worker reconnects), a stop, or the
+                        # batch's own statement failed: the whole batch rolls back.
+                        raise
+                    # The job's own error: the connection is fine. Back to its savepoint, if
+                    # its handler sent anything (else there is nothing to undo).
                     conn.cursor_factory = before
-                    cur.execute(q("rollback_job"))
+                    if pre.sent:
+                        cur.execute(q("rollback_job"))
                     text = error_detail(e)
                     errors[c.id] = e
                     row = cur.execute(*self._fail_query(c, text)).fetchone()
                     results.append((c, self._failed(c, text, row, c.events, emit=False, exc=e)))
                 finally:
+                    pre.off()
                     conn.cursor_factory = before
                     self.release(c)
             more = claim_next() if callable(claim_next) else claim_next
@@ -756,6 +767,38 @@ def child_exit(error: BaseException | None) -> NoReturn:
 class HandlerExit(JobQueueError):
     """A handler raised SystemExit or ended the work's transaction: the job fails (counted);
     the worker goes on."""
+
+
+class _Preamble:
+    """Send a job's savepoint and tenant right before the first statement of its handler.
+
+    Set as the connection's ``wait`` (every statement psycopg sends goes through it) while the
+    handler runs: the first call sends `query` (a savepoint, the tenant set locally, bound
+    client-side) and reads its results, then goes on with what the handler asked. A handler
+    that sends nothing costs nothing. ``sent``: it went out; ``failed``: it failed (the batch's
+    own statement: the batch rolls back). ``off()`` puts the connection's own wait back.
+    """
+
+    def __init__(self, conn: psycopg.Connection, query: str) -> None:
+        self.conn, self.query = conn, query.encode(conn.info.encoding)
+        self.sent = self.failed = False
+        self.wait = conn.wait
+        conn.wait = self  # type: ignore[method-assign]
+
+    def __call__(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        self.off()
+        self.sent = True
+        pgconn = self.conn.pgconn
+        pgconn.send_query(self.query)
+        for res in self.wait(execute(pgconn)):  # called with the connection's lock held
+            if res.status == psycopg.pq.ExecStatus.FATAL_ERROR:
+                self.failed = True
+                raise JobQueueError(f"a batch's savepoint and tenant failed: "
+                                    f"{(res.error_message or b'').decode(errors='replace')}")
+        return self.wait(gen, *args, **kwargs)
+
+    def off(self) -> None:
+        self.conn.__dict__.pop("wait", None)
 
 
 class Overdue(JobQueueError):

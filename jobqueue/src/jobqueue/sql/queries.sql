@@ -309,9 +309,10 @@ select set_config('lock_timeout', %(ms)s, true);
 -- each job's fence, checked here, holds to the batch's commit, and its finish cannot be fenced
 -- out by another session. The price: a row lock takes a transaction id, so the batch holds one
 -- (and the VACUUM horizon) from its start, where a batch without locks took it at its first
--- finish. A claim missing from the rows is not started (fenced).
+-- finish. A claim missing from the rows is not started (fenced). `now`: the server's clock, from
+-- which the batch reads its jobs' start and end times.
 -- name: lock_batch_if_owner
-select jobs.id
+select jobs.id, clock_timestamp() as now
   from jobqueue.jobs
   join unnest(%(ids)s::bigint[], %(attempts)s::int[]) as held(id, attempt)
     on held.id = jobs.id and held.attempt = jobs.attempts
@@ -319,14 +320,14 @@ select jobs.id
  order by jobs.id
    for no key update of jobs;
 
--- Run by Leased.run_together before each job of a locked batch (its fence is held by
--- lock_batch_if_owner): a savepoint of the job's own (the handler's error rolls back to it; one
+-- Run by Leased.run_together for each job of a locked batch (its fence is held by
+-- lock_batch_if_owner), right before the first statement its handler sends (a handler that sends
+-- none needs neither): a savepoint of the job's own (the handler's error rolls back to it; one
 -- name for all, nested: a rollback finds the latest, this job's), then the tenant in its local
--- form, bound, and the server's clock (the job's start, and the previous job's end). Sent as one
--- simple-protocol message: one round trip, no portal or snapshot left open while the handler runs.
+-- form, bound client-side. One simple-protocol message: no portal or snapshot left open.
 -- name: start_in_batch
 savepoint jobqueue_job;
-select clock_timestamp() as started, set_config(%(setting)s, %(tenant)s, true);
+select set_config(%(setting)s, %(tenant)s, true);
 
 -- Run by Leased.run_together when a job of the batch failed: back to its savepoint (what its
 -- handler wrote, and its tenant, roll back; the jobs before it stay).
@@ -348,10 +349,11 @@ with batch as (
          finished = coalesce(batch.finished, clock_timestamp())
     from batch
    where jobs.id = batch.id and jobs.attempts = batch.attempt and jobs.status = 'running'
-  returning jobs.id, batch.attempt, batch.started, jobs.finished
+  returning jobs.id, batch.attempt, coalesce(batch.started, jobs.finished) as started,
+            jobs.finished
 ), run as (
   insert into jobqueue.job_runs (job_id, worker, attempt, started, finished)
-  select id, %(worker)s, attempt, coalesce(started, clock_timestamp()), finished from done
+  select id, %(worker)s, attempt, started, finished from done
   returning job_id, id
 )
 select job_id, id from run;
