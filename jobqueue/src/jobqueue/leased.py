@@ -501,8 +501,7 @@ class Leased:
                 c.started = at + timedelta(seconds=time.monotonic() - since) if at else None
                 c.events.emit("execute", job=c.id, attempt=c.attempt, tenant=c.tenant_id,
                               kind=c.kind)
-                pre = _Preamble(conn, cur.mogrify(start, {"setting": setting,
-                                                          "tenant": str(c.tenant_id)}))
+                pre = _Preamble(conn, cur, start, {"setting": setting, "tenant": str(c.tenant_id)})
                 conn.cursor_factory = psycopg.ClientCursor  # client_binding, inlined
                 try:
                     fn = handlers.lookup(c)
@@ -779,8 +778,9 @@ class _Preamble:
     own statement: the batch rolls back). ``off()`` puts the connection's own wait back.
     """
 
-    def __init__(self, conn: psycopg.Connection, query: str) -> None:
-        self.conn, self.query = conn, query.encode(conn.info.encoding)
+    def __init__(self, conn: psycopg.Connection, cur: psycopg.ClientCursor[Any], query: str,
+                 params: dict[str, Any]) -> None:
+        self.conn, self.cur, self.query, self.params = conn, cur, query, params
         self.sent = self.failed = False
         self.wait = conn.wait
         conn.wait = self  # type: ignore[method-assign]
@@ -789,7 +789,9 @@ class _Preamble:
         self.off()
         self.sent = True
         pgconn = self.conn.pgconn
-        pgconn.send_query(self.query)
+        # Bound client-side (psycopg quotes the tenant), sent by the simple protocol.
+        pgconn.send_query(self.cur.mogrify(self.query, self.params).encode(
+            self.conn.info.encoding))
         for res in self.wait(execute(pgconn)):  # called with the connection's lock held
             if res.status == psycopg.pq.ExecStatus.FATAL_ERROR:
                 self.failed = True
