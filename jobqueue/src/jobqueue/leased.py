@@ -449,10 +449,11 @@ class Leased:
         The batch's first statement checks every claim's fence (this attempt, running, lease
         live) and locks the rows of those that pass until the commit (``lock_batch_if_owner``):
         no other session can take, reap or cancel them meanwhile, so each fence holds from the
-        batch's start to its commit. Each job then costs one round trip before its handler (a
-        savepoint of its own, its tenant set locally, bound) and nothing after it: the jobs that
-        succeeded are finished together, fenced by their attempts, in one statement with the
-        next claim (``complete_batch_if_owner``). A job that fails (a statement timeout, a
+        batch's start to its commit. A job's savepoint and tenant (set locally, bound) go out in
+        one round trip right before the first statement its handler sends (``_Preamble``; a
+        handler that sends none costs none), nothing after it: the jobs that succeeded are
+        finished together, fenced by their attempts, in one statement with the next claim and
+        the COMMIT (``complete_batch_if_owner``). A job that fails (a statement timeout, a
         deadlock: any error on a connection that is still up) rolls back to its savepoint and
         its failure is counted in the same transaction: the batch goes on. One fsync for the
         batch instead of one per job; the prices: a lost connection or a crash before that
