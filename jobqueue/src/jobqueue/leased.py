@@ -469,7 +469,7 @@ class Leased:
         errors: dict[int, BaseException] = {}  # job id -> what its handler raised
         claimed: list[Claim] = []
         ok: list[tuple[Claim, Any]] = []  # (claim, result) of the jobs that succeeded
-        ended: dict[int, Any] = {}  # job id -> its end (the next statement's server clock)
+        ended: dict[int, Any] = {}  # job id -> its end (the server's clock, see `at`)
         hooks, handlers, setting = self.hooks, self.handlers, self.tenant_setting
         before_start = None if type(hooks).before_start is Hooks.before_start \
             else hooks.before_start
@@ -556,9 +556,9 @@ class Leased:
                     # The worker's own claim (FIFO or fair), durable: it commits with the batch.
                     claim_cur = conn.cursor(row_factory=class_row(Claim))
                     claim_cur.execute(*self.claim_query(more, chained=True))
-                if own and ok:
-                    # COMMIT in the same round trip (a fenced finish never needs a rollback
-                    # here: the rows are locked). An error above skips it: rolled back.
+                if own:
+                    # COMMIT in the same round trip (a finish is never fenced out by another
+                    # session here: the rows are locked). An error above skips it: rolled back.
                     conn.execute(q("commit"), prepare=False)
             runs: dict[int, int] = dict(done.fetchall()) if done is not None else {}
             if more:
