@@ -777,6 +777,12 @@ class _Preamble:
     client-side) and reads its results, then goes on with what the handler asked. A handler
     that sends nothing costs nothing. ``sent``: it went out; ``failed``: it failed (the batch's
     own statement: the batch rolls back). ``off()`` puts the connection's own wait back.
+
+    It relies on psycopg sending every statement through ``Connection.wait`` (true of execute,
+    cursors of every kind, COPY, transactions and pipelines in psycopg 3.2 and 3.3); the tests
+    of a batch's tenants (a client-side and a server-side cursor) fail the day it is not. A
+    handler that talks to ``conn.pgconn`` (libpq) itself bypasses it: it runs as the tenant of
+    the job before it, outside its savepoint.
     """
 
     def __init__(self, conn: psycopg.Connection, cur: psycopg.ClientCursor[Any], query: str,
