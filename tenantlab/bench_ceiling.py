@@ -8,8 +8,11 @@ as psycopg prepares a statement run often), one transaction after another:
 - ``one`` (the ``leased`` loop's transaction): ``begin``; ``start_if_owner`` (the fence, the
   tenant set locally); ``complete_if_owner_and_claim`` (the fenced finish and the next claim);
   ``commit``. One job per transaction, the next job's id carried by ``\\gset``.
-- ``batch`` (``run_together``'s transaction, ``--batch 10 --batch-commit``): ``begin``; per job
-  ``savepoint``, ``start_if_owner``, ``complete_if_owner``; then the claim of the next ten
+- ``batch`` (``run_together``'s transaction, ``--batch 10 --batch-commit``): ``begin``;
+  ``lock_batch_if_owner`` (every claim's fence, checked and held by a row lock); nothing per
+  job (the worker sends a job's savepoint and tenant, ``start_in_batch``, only before the first
+  statement of its handler, and the bench's no-op sends none); ``complete_batch_if_owner`` (the
+  fenced finish of all ten, their job_runs rows) and the claim of the next ten
   (``claim_leased``, its ids gathered into arrays for the next transaction); ``commit``.
 
 What is left out is only the client: the handler call, psycopg, the round trips the worker
@@ -65,17 +68,16 @@ def script(batch: int) -> str:
             statement("start_if_owner", tenant=":tenant_id") + " \\gset",
             statement("complete_if_owner_and_claim", batch="1") + " \\gset",
             "commit;", ""])
-    lines = ["begin;"]
-    for k in range(1, batch + 1):
-        job = {"id": f"(:ids::bigint[])[{k}]", "attempt": f"(:attempts::int[])[{k}]",
-               "tenant": f"(:tenants::text[])[{k}]"}
-        lines += [f"savepoint j{k};",
-                  statement("start_if_owner", **job) + " \\gset",
-                  statement("complete_if_owner", **job) + ";"]
-    lines += ["with claimed as (" + statement("claim_leased", batch=str(batch)) + ")\n"
-              "select array_agg(id order by id) as ids, array_agg(attempt order by id) as attempts,"
-              " array_agg(tenant_id::text order by id) as tenants from claimed \\gset",
-              "commit;", ""]
+    # The worker's batch for the bench's no-op job: BEGIN with the lock of every fence, nothing
+    # per job (a handler that sends no statement gets no savepoint and no tenant: there is
+    # nothing for them to cover), the fenced finish of all, the next claim, COMMIT.
+    empty = f"array_fill(null::timestamptz, array[{batch}])"
+    lines = ["begin;", statement("lock_batch_if_owner") + ";",
+             statement("complete_batch_if_owner", started=empty, finished=empty) + ";",
+             "with claimed as (" + statement("claim_leased", batch=str(batch)) + ")\n"
+             "select array_agg(id order by id) as ids, array_agg(attempt order by id) as attempts,"
+             " array_agg(tenant_id::text order by id) as tenants from claimed \\gset",
+             "commit;", ""]
     return "\n".join(lines)
 
 

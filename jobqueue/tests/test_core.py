@@ -240,6 +240,114 @@ def test_a_batch_in_one_commit_runs_each_job_as_its_own_tenant(conn) -> None:
     assert runs == {ids[0]: 1, ids[1]: 1, ids[3]: 1, ids[4]: 1}
 
 
+def test_a_batch_of_ten_in_one_commit_fails_only_the_failing_job_and_skips_one_taken_over(
+        conn) -> None:
+    # Ten jobs of ten tenants in one --batch-commit batch: job 4 writes, then raises; job 6 is
+    # taken over (another attempt) before the batch starts; job 8 does nothing with the database.
+    ran: list[int] = []
+
+    def who(c: psycopg.Connection, job: Claim) -> str:
+        ran.append(job.id)
+        return tenant_seen(c, job)
+
+    def writes_then_raises(c: psycopg.Connection, job: Claim) -> None:
+        ran.append(job.id)
+        enqueue(c, "who", tenant=99)  # rolled back with the job
+        raise RuntimeError("job 4 broke")
+
+    def nothing(c: psycopg.Connection, job: Claim) -> None:
+        ran.append(job.id)
+
+    kinds = {4: "boom", 8: "nothing"}
+    ids = [many(conn, kinds.get(t, "who"), t, max_attempts=2)[0] for t in range(1, 11)]
+    leased = Leased(Handlers({"who": who, "boom": writes_then_raises, "nothing": nothing}),
+                    lease=30, backoff=0, heartbeat=None)
+    claims = leased.claim_many(conn, 10)
+    conn.execute("update jobqueue.jobs set attempts = 2 where id = %s", (ids[5],))  # taken over
+    outcomes = leased.run_together(conn, claims)
+    assert [(o.claim.id, o.status) for o in outcomes] == [
+        (i, {3: "queued", 5: "fenced"}.get(k, "done")) for k, i in enumerate(ids)]
+    assert ran == [i for k, i in enumerate(ids) if k != 5]  # job 6 never ran
+    # Each ran as its own tenant, the one set for it (bound) in the batch.
+    assert [o.result for o in outcomes if o.claim.kind == "who" and o.status == "done"] == [
+        str(t) for t in (1, 2, 3, 5, 7, 9, 10)]
+    assert status(conn, ids[3])[:2] == ("queued", 1) and "job 4 broke" in status(conn, ids[3])[2]
+    assert status(conn, ids[5])[:2] == ("running", 2)  # the other attempt's, untouched
+    assert conn.execute("select count(*) from jobqueue.jobs where tenant_id = 99").fetchone() == (0,)
+    runs = conn.execute("select job_id, attempt, outcome, started, finished, id "
+                        "from jobqueue.job_runs").fetchall()
+    # One row per job, each with its own attempt (job 6's: the attempt this worker claimed).
+    assert sorted((r[0], r[1], r[2]) for r in runs) == sorted(
+        (i, 1, {3: "failed", 5: "fenced"}.get(k, "done")) for k, i in enumerate(ids))
+    done = {r[0]: r for r in runs if r[2] == "done"}
+    assert len(done) == 8 and all(r[3] <= r[4] for r in done.values())
+    starts = [done[i][3] for i in ids if i in done]
+    assert starts == sorted(starts) and len(set(starts)) == 8  # each job's own start
+    assert {o.claim.id: o.claim.run_id for o in outcomes if o.status == "done"} == {
+        i: r[5] for i, r in done.items()}
+
+
+def test_a_batch_in_one_commit_keeps_a_handlers_own_mischief_to_its_job(conn) -> None:
+    # The batch holds its rows locked: only its own transaction can change them. A handler that
+    # cancels its own job is fenced at the finish; one that swallows its own statement's error
+    # (its transaction aborted) fails; one that raises before sending anything fails without
+    # undoing the job before it; the others are done, each as its tenant, none runs twice.
+    def cancels_itself(c: psycopg.Connection, job: Claim) -> None:
+        c.execute("update jobqueue.jobs set status = 'cancelled' where id = %s", (job.id,))
+
+    def swallows_its_error(c: psycopg.Connection, job: Claim) -> None:
+        try:
+            c.execute("select 1/0")
+        except psycopg.errors.DivisionByZero:
+            pass  # and returns: its transaction is aborted
+
+    def writes(c: psycopg.Connection, job: Claim) -> None:
+        enqueue(c, "who", tenant=77)  # kept: this job is done
+
+    def raises_at_once(c: psycopg.Connection, job: Claim) -> None:
+        raise ValueError("nothing sent")  # nothing to roll back: the job before keeps its write
+
+    def server_bound(c: psycopg.Connection, job: Claim) -> str:
+        row = psycopg.Cursor(c).execute("select current_setting('app.tenant')").fetchone()
+        return str(row[0]) if row else ""
+
+    first, = many(conn, "who", 1)
+    odd, = many(conn, "odd", 2)
+    swallow, = many(conn, "swallow", 3, max_attempts=1)
+    writer, = many(conn, "writes", 4)
+    raiser, = many(conn, "raise", 5, max_attempts=1)
+    last, = many(conn, "bound", 6)
+    leased = Leased(Handlers({"who": tenant_seen, "odd": cancels_itself, "writes": writes,
+                              "swallow": swallows_its_error, "raise": raises_at_once,
+                              "bound": server_bound}), lease=30, heartbeat=None)
+    outcomes = leased.run_together(conn, leased.claim_many(conn, 6))
+    assert [(o.claim.id, o.status) for o in outcomes] == [
+        (first, "done"), (odd, "fenced"), (swallow, "dead"), (writer, "done"), (raiser, "dead"),
+        (last, "done")]
+    assert [status(conn, j)[0] for j in (first, odd, swallow, writer, raiser, last)] == [
+        "done", "cancelled", "dead", "done", "dead", "done"]
+    assert outcomes[-1].result == "6"  # its own tenant, by server-side binding too
+    assert conn.execute("select count(*) from jobqueue.jobs where tenant_id = 77").fetchone() == (1,)
+
+
+def test_the_watchdog_fails_a_job_of_a_locked_batch_without_waiting_for_it(conn) -> None:
+    # A job past its maximum runtime in a --batch-commit batch: the heartbeat cannot fail it (the
+    # batch holds its row) and does not wait; the batch fails it when its handler returns.
+    slow, = many(conn, "sleep", 1, payload={"seconds": 1.6})
+    after, = many(conn, "who", 2)
+    handlers = Handlers({"sleep": sleep})
+    handlers.register("who", max_runtime=60)(tenant_seen)  # only the slow one is overdue
+    leased = Leased(handlers, lease=2, heartbeat=0.5, max_runtime=1, backoff=0)
+    try:
+        outcomes = leased.run_together(conn, leased.claim_many(conn, 2))
+    finally:
+        leased.close()
+    assert [(o.claim.id, o.status) for o in outcomes] == [(slow, "queued"), (after, "done")]
+    assert "maximum runtime" in (status(conn, slow)[2] or "")
+    assert conn.execute("select outcome from jobqueue.job_runs where job_id = %s",
+                        (slow,)).fetchall() == [("failed",)]
+
+
 def test_a_worker_with_batch_commit_runs_everything_to_a_final_state(scratch: Scratch,
                                                                      conn) -> None:
     many(conn, "who", 1, 23)

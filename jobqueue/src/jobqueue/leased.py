@@ -34,12 +34,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, NoReturn
 
 import psycopg
+from psycopg.generators import execute
 from psycopg.rows import class_row
 
 from . import logs
@@ -78,6 +81,10 @@ APP = (__package__ or "jobqueue").split(".")[0]
 log = logging.getLogger(APP)
 
 Work = Callable[[psycopg.Connection, Claim], Any]
+INERROR = psycopg.pq.TransactionStatus.INERROR
+#: How long the watchdog's fail waits for a job's row lock (held briefly by a beat or a cancel,
+#: or for a whole batch by --batch-commit, which then fails the job itself).
+OVERDUE_LOCK_TIMEOUT_MS = 1000
 
 
 class Leased:
@@ -242,7 +249,16 @@ class Leased:
         text = (f"job {claim.id} ran longer than its maximum runtime ({limit or 0:g} s) at attempt "
                 f"{claim.attempt} on {claim.worker}: failed by the watchdog after {runtime:.0f} s "
                 "(its handler was not interrupted; its finish is fenced out)")
-        row = conn.execute(*self._fail_query(claim, text)).fetchone()
+        try:
+            with conn.transaction():
+                # Never wait long: a batch of this worker (--batch-commit) holds its jobs' rows
+                # locked until it commits, and fails such a job itself when its handler returns.
+                conn.execute(q("lock_timeout_local"), {"ms": f"{OVERDUE_LOCK_TIMEOUT_MS}ms"})
+                row = conn.execute(*self._fail_query(claim, text)).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            log.warning("job %s attempt %s: its row is locked (by a batch of this worker): the "
+                        "batch fails the attempt when its handler returns", claim.id, claim.attempt)
+            return
         self._failed(claim, text, row, claim.events)
 
     # -- execute -------------------------------------------------------------------------------
@@ -430,6 +446,168 @@ class Leased:
                      claim_next: int | Callable[[], int] = 0) -> list[Outcome]:
         """Run claimed jobs one after another in one transaction, one commit for them all.
 
+        The batch's first statement checks every claim's fence (this attempt, running, lease
+        live) and locks the rows of those that pass until the commit (``lock_batch_if_owner``):
+        no other session can take, reap or cancel them meanwhile, so each fence holds from the
+        batch's start to its commit. A job's savepoint and tenant (set locally, bound) go out in
+        one round trip right before the first statement its handler sends (``_Preamble``; a
+        handler that sends none costs none), nothing after it: the jobs that succeeded are
+        finished together, fenced by their attempts, in one statement with the next claim and
+        the COMMIT (``complete_batch_if_owner``). A job that fails (a statement timeout, a
+        deadlock: any error on a connection that is still up) rolls back to its savepoint and
+        its failure is counted in the same transaction: the batch goes on. One fsync for the
+        batch instead of one per job; the prices: a lost connection or a crash before that
+        commit loses every finish of the batch (their attempts were counted at the claim: they
+        run again, counted), and the row locks take a transaction id at the batch's start, so
+        the batch holds the VACUUM horizon (and ``cancel`` of its jobs waits) until it commits.
+        """
+        if claims and (self.start_query(claims[0])[0] != q("start_if_owner")
+                       or self.finish_query(claims[0])[0] != q("complete_if_owner")):
+            # A design with statements of its own (the extension points): they run, per job.
+            return self._run_together_per_job(conn, claims, claim_next=claim_next)
+        results: list[tuple[Claim, Outcome]] = []
+        errors: dict[int, BaseException] = {}  # job id -> what its handler raised
+        claimed: list[Claim] = []
+        ok: list[tuple[Claim, Any]] = []  # (claim, result) of the jobs that succeeded
+        ended: dict[int, Any] = {}  # job id -> its end (the server's clock, see `at`)
+        hooks, handlers, setting = self.hooks, self.handlers, self.tenant_setting
+        before_start = None if type(hooks).before_start is Hooks.before_start \
+            else hooks.before_start
+        with _batch_transaction(conn) as own:
+            # Simple protocol, bound client-side: one message per step, no portal (and no
+            # snapshot) left open while a handler runs. BEGIN travels with the lock.
+            cur = psycopg.ClientCursor(conn)
+            cur.execute(q("begin") + "\n" + q("lock_batch_if_owner") if own
+                        else q("lock_batch_if_owner"),
+                        {"ids": [c.id for c in claims], "attempts": [c.attempt for c in claims]})
+            if own:
+                cur.nextset()
+            rows = cur.fetchall()
+            owned = {r[0] for r in rows}
+            # The server's clock at the lock; each job's start and end are read from it plus the
+            # time passed here since (monotonic): no round trip per job for the clock.
+            at, since = (rows[0][1] if rows else None), time.monotonic()
+            start, before = q("start_in_batch"), conn.cursor_factory
+            for c in claims:
+                if c.id not in owned:
+                    self.release(c)
+                    why = (f"job {c.id} lease ran out before its start at attempt {c.attempt}: "
+                           "not started")
+                    # Its record commits with the batch (logged now: the batch goes on).
+                    self._record_fenced(conn, c, why)
+                    results.append((c, Outcome(c, "fenced", error=why)))
+                    continue
+                # Its fence is held (locked above). Its savepoint and tenant go out right before
+                # the first statement its handler (or before_start) sends: none, no round trip.
+                c.started = at + timedelta(seconds=time.monotonic() - since) if at else None
+                c.events.emit("execute", job=c.id, attempt=c.attempt, tenant=c.tenant_id,
+                              kind=c.kind)
+                pre = _Preamble(conn, cur, start, {"setting": setting, "tenant": str(c.tenant_id)})
+                conn.cursor_factory = psycopg.ClientCursor  # client_binding, inlined
+                try:
+                    fn = handlers.lookup(c)
+                    if before_start is not None:
+                        before_start(c)
+                    if not c.cancel_seen:
+                        result = call_handler(fn, conn, c)
+                    if conn.info.transaction_status == INERROR:
+                        # A statement of its handler failed and the handler went on: its own
+                        # error (the next job's statements would meet the aborted transaction).
+                        raise HandlerExit(f"the handler of job {c.id} ({c.kind}) returned after "
+                                          "a statement of its own failed: the job fails")
+                    if c.cancel_seen:
+                        # The watchdog let it go (past its maximum runtime, counted from its
+                        # claim) before or while it ran: it cannot fail the attempt, whose row
+                        # this batch holds locked; the batch fails it here, counted.
+                        raise Overdue(f"job {c.id} ran longer than its maximum runtime at "
+                                      f"attempt {c.attempt} on {c.worker}: failed by the watchdog")
+                    pre.off()
+                    ok.append((c, result))
+                    if at is not None:
+                        ended[c.id] = at + timedelta(seconds=time.monotonic() - since)
+                except BaseException as e:
+                    pre.off()
+                    if broken(conn) or not isinstance(e, Exception) or pre.failed:
+                        # The connection is gone (the worker reconnects), a stop, or the
+                        # batch's own statement failed: the whole batch rolls back.
+                        raise
+                    # The job's own error: the connection is fine. Back to its savepoint, if
+                    # its handler sent anything (else there is nothing to undo).
+                    conn.cursor_factory = before
+                    if pre.sent:
+                        cur.execute(q("rollback_job"))
+                    text = error_detail(e)
+                    errors[c.id] = e
+                    row = cur.execute(*self._fail_query(c, text)).fetchone()
+                    results.append((c, self._failed(c, text, row, c.events, emit=False, exc=e)))
+                finally:
+                    pre.off()
+                    conn.cursor_factory = before
+                    self.release(c)
+            more = claim_next() if callable(claim_next) else claim_next
+            more = more if more and self.heartbeat_ready(conn) else 0
+            with conn.pipeline():
+                done = conn.execute(q("complete_batch_if_owner"), {
+                    "ids": [c.id for c, _ in ok], "attempts": [c.attempt for c, _ in ok],
+                    "started": [c.started for c, _ in ok],
+                    "finished": [ended.get(c.id) for c, _ in ok],
+                    "worker": claims[0].worker if claims else "worker"}) if ok else None
+                if more:
+                    # The worker's own claim (FIFO or fair), durable: it commits with the batch.
+                    claim_cur = conn.cursor(row_factory=class_row(Claim))
+                    claim_cur.execute(*self.claim_query(more, chained=True))
+                if own:
+                    # COMMIT in the same round trip (a finish is never fenced out by another
+                    # session here: the rows are locked). An error above skips it: rolled back.
+                    conn.execute(q("commit"), prepare=False)
+            runs: dict[int, int] = dict(done.fetchall()) if done is not None else {}
+            if more:
+                claimed = sorted(claim_cur.fetchall(), key=lambda c: c.id)
+            for c, result in ok:
+                if (run := runs.get(c.id)) is not None:
+                    c.run_id = run
+                    results.append((c, Outcome(c, "done", result=result)))
+                    continue
+                # Only this transaction can have changed a locked row: a handler that wrote its
+                # own (or another batch job's) row. Not rolled back (that would undo the jobs
+                # after it, which then ran twice): recorded fenced, logged.
+                why = (f"job {c.id} attempt {c.attempt}: its row was changed inside the batch's "
+                       "own transaction (by a handler), its finish matched nothing")
+                log.warning("%s", why)
+                self._record_fenced(conn, c, why)
+                results.append((c, Outcome(c, "fenced", error=why)))
+        # Committed: now it happened, and the events say so (in the claims' order).
+        order = {c.id: i for i, c in enumerate(claims)}
+        results.sort(key=lambda r: order[r[0].id])
+        for c, o in results:
+            ev = c.events
+            if o.status == "done":
+                ev.emit("finish", job=c.id, attempt=c.attempt, result=o.result)
+                logs.done(c)
+            elif o.status == "fenced":
+                ev.emit("fenced", job=c.id, attempt=c.attempt, step="complete")
+            else:
+                ev.emit("fail", job=c.id, attempt=c.attempt, error=o.error, counted=True)
+                if o.status == "dead":
+                    ev.emit("dead", job=c.id, attempt=c.attempt)
+        if hooks is not NO_HOOKS:
+            for c, o in results:
+                if c.id in errors:
+                    on_failure(hooks, c, o, errors[c.id])
+                else:
+                    after_finish(hooks, c, o)
+        if claims:
+            self._claimed(conn, claimed, claims[-1].worker, claims[-1].events)
+            results[-1][1].claimed = claimed
+        return [o for _, o in results]
+
+    def _run_together_per_job(self, conn: psycopg.Connection, claims: list[Claim], *,
+                              claim_next: int | Callable[[], int] = 0) -> list[Outcome]:
+        """Run a batch in one transaction through the design's own start and finish, per job.
+
+        For a subclass that changes ``start_query`` or ``finish_query`` (the lab's naive
+        design): its statements, one job after another, as before the locked batch.
+
         Each job runs in a savepoint of its own: its start and finish fenced on their own, its
         tenant set locally. A job that fails (a statement timeout, a deadlock: any error on a
         connection that is still up) or is fenced rolls back to its savepoint, and a failure is
@@ -591,6 +769,51 @@ class HandlerExit(JobQueueError):
     the worker goes on."""
 
 
+class _Preamble:
+    """Send a job's savepoint and tenant right before the first statement of its handler.
+
+    Set as the connection's ``wait`` (every statement psycopg sends goes through it) while the
+    handler runs: the first call sends `query` (a savepoint, the tenant set locally, bound
+    client-side) and reads its results, then goes on with what the handler asked. A handler
+    that sends nothing costs nothing. ``sent``: it went out; ``failed``: it failed (the batch's
+    own statement: the batch rolls back). ``off()`` puts the connection's own wait back.
+
+    It relies on psycopg sending every statement through ``Connection.wait`` (true of execute,
+    cursors of every kind, COPY, transactions and pipelines in psycopg 3.2 and 3.3); the tests
+    of a batch's tenants (a client-side and a server-side cursor) fail the day it is not. A
+    handler that talks to ``conn.pgconn`` (libpq) itself bypasses it: it runs as the tenant of
+    the job before it, outside its savepoint.
+    """
+
+    def __init__(self, conn: psycopg.Connection, cur: psycopg.ClientCursor[Any], query: str,
+                 params: dict[str, Any]) -> None:
+        self.conn, self.cur, self.query, self.params = conn, cur, query, params
+        self.sent = self.failed = False
+        self.wait = conn.wait
+        conn.wait = self  # type: ignore[method-assign]
+
+    def __call__(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        self.off()
+        self.sent = True
+        pgconn = self.conn.pgconn
+        # Bound client-side (psycopg quotes the tenant), sent by the simple protocol.
+        pgconn.send_query(self.cur.mogrify(self.query, self.params).encode(
+            self.conn.info.encoding))
+        for res in self.wait(execute(pgconn)):  # called with the connection's lock held
+            if res.status == psycopg.pq.ExecStatus.FATAL_ERROR:
+                self.failed = True
+                raise JobQueueError(f"a batch's savepoint and tenant failed: "
+                                    f"{(res.error_message or b'').decode(errors='replace')}")
+        return self.wait(gen, *args, **kwargs)
+
+    def off(self) -> None:
+        self.conn.__dict__.pop("wait", None)
+
+
+class Overdue(JobQueueError):
+    """A job of a locked batch ran past its maximum runtime: it fails there (counted)."""
+
+
 @contextmanager
 def client_binding(conn: psycopg.Connection) -> Iterator[None]:
     """Run a handler with client-side binding (``psycopg.ClientCursor``, the simple protocol).
@@ -636,6 +859,29 @@ def _autocommit(conn: psycopg.Connection) -> Iterator[None]:
         return
     with conn.transaction():
         yield
+
+
+@contextmanager
+def _batch_transaction(conn: psycopg.Connection) -> Iterator[bool]:
+    """Run a batch's transaction; yield True when the caller sends BEGIN and COMMIT itself.
+
+    On an autocommit connection with no transaction open (the worker's), BEGIN travels with the
+    batch's first statement and COMMIT with its last: two round trips fewer. Otherwise (a
+    caller's own transaction, or a connection that is not autocommit) ``conn.transaction()``.
+    A COMMIT that did not go out is sent at the end; an error rolls back (the connection up).
+    """
+    if not (conn.autocommit
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE):
+        with conn.transaction():
+            yield False
+        return
+    try:
+        yield True
+    except BaseException:
+        if not broken(conn):
+            conn.rollback()
+        raise
+    conn.commit()  # nothing left open: a no-op when the COMMIT went with the last statement
 
 
 @contextmanager

@@ -107,9 +107,12 @@ class WorkerOptions:
     batch: int = option(1, "claim up to N jobs in one statement, each with its own attempt "
                            "and lease, run one after another", parse=count("batch"))
     batch_commit: bool = option(
-        False, "with --batch: finish the batch's jobs in one commit, each fenced in a savepoint "
-               "of its own: one fsync per batch, but a crash loses the whole batch's finishes "
-               "(its jobs run again, counted)")
+        False, "with --batch: run the batch's jobs in one transaction, each in a savepoint of its "
+               "own, and finish them in one commit: one fsync per batch; but a crash loses the "
+               "whole batch's finishes (its jobs run again, counted), and its jobs' rows are "
+               "locked from the batch's start (each fence held to the commit), which takes a "
+               "transaction id: the batch holds the VACUUM horizon until it commits, and a "
+               "cancel of its jobs waits for it")
     lossy_claim: bool = option(
         False, "commit a claim made on its own without waiting for its WAL flush (a claim sent "
                "with a finish or in a batch commits with it, durably): faster, but a server "

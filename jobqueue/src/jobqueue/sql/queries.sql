@@ -287,6 +287,77 @@ with done as (
 )
 select count(*) as finished, (select id from run) as run from done;
 
+-- Sent by Leased.run_together with its first statement (BEGIN) and its last (COMMIT), on the
+-- worker's autocommit connection: the batch's transaction costs no round trip of its own.
+-- name: begin
+begin;
+
+-- name: commit
+commit;
+
+-- Run by the watchdog (Leased._overdue) in a transaction of its own before its fenced fail:
+-- how long it may wait for the job's row lock (a batch holds its rows until it commits).
+-- name: lock_timeout_local
+select set_config('lock_timeout', %(ms)s, true);
+
+-- Run by Leased.run_together (--batch-commit) as the batch's first statement: every claim's
+-- fence at once (this attempt, running, lease live), and the rows of those that pass locked
+-- until the batch commits (FOR NO KEY UPDATE, in id order: two batches never wait on each other
+-- in opposite orders). While a row is locked no other session can change it: the claims and the
+-- reaper skip locked rows, the heartbeat skips them without waiting (it cannot extend those
+-- leases, and needs not: nobody can take the job meanwhile), `cancel` waits for the commit. So
+-- each job's fence, checked here, holds to the batch's commit, and its finish cannot be fenced
+-- out by another session. The price: a row lock takes a transaction id, so the batch holds one
+-- (and the VACUUM horizon) from its start, where a batch without locks took it at its first
+-- finish. A claim missing from the rows is not started (fenced). `now`: the server's clock, from
+-- which the batch reads its jobs' start and end times.
+-- name: lock_batch_if_owner
+select jobs.id, clock_timestamp() as now
+  from jobqueue.jobs
+  join unnest(%(ids)s::bigint[], %(attempts)s::int[]) as held(id, attempt)
+    on held.id = jobs.id and held.attempt = jobs.attempts
+ where jobs.status = 'running' and jobs.locked_until > clock_timestamp()
+ order by jobs.id
+   for no key update of jobs;
+
+-- Run by Leased.run_together for each job of a locked batch (its fence is held by
+-- lock_batch_if_owner), right before the first statement its handler sends (a handler that sends
+-- none needs neither): a savepoint of the job's own (the handler's error rolls back to it; one
+-- name for all, nested: a rollback finds the latest, this job's), then the tenant in its local
+-- form, bound client-side. One simple-protocol message: no portal or snapshot left open.
+-- name: start_in_batch
+savepoint jobqueue_job;
+select set_config(%(setting)s, %(tenant)s, true);
+
+-- Run by Leased.run_together when a job of the batch failed: back to its savepoint (what its
+-- handler wrote, and its tenant, roll back; the jobs before it stay).
+-- name: rollback_job
+rollback to savepoint jobqueue_job;
+
+-- Run by Leased.run_together at the end of a locked batch: every job that succeeded finished at
+-- once, each only for the attempt that was claimed (the fence: id and attempt), with its
+-- job_runs row (its own start and end, server clock; an end not known yet is now). Returns one
+-- row per job finished with its run's id; a job missing was changed by the batch's own
+-- transaction (no other session can while the rows are locked): the caller records it fenced.
+-- name: complete_batch_if_owner
+with batch as (
+  select * from unnest(%(ids)s::bigint[], %(attempts)s::int[], %(started)s::timestamptz[],
+                       %(finished)s::timestamptz[]) as b(id, attempt, started, finished)
+), done as (
+  update jobqueue.jobs
+     set status = 'done', locked_until = null,
+         finished = coalesce(batch.finished, clock_timestamp())
+    from batch
+   where jobs.id = batch.id and jobs.attempts = batch.attempt and jobs.status = 'running'
+  returning jobs.id, batch.attempt, coalesce(batch.started, jobs.finished) as started,
+            jobs.finished
+), run as (
+  insert into jobqueue.job_runs (job_id, worker, attempt, started, finished)
+  select id, %(worker)s, attempt, started, finished from done
+  returning job_id, id
+)
+select job_id, id from run;
+
 -- Run by Leased.execute instead of complete_if_owner when the worker goes on: the fenced
 -- finish of this job and the claim of the next ones, committed together. One durable commit
 -- per job instead of two, and the guarantees hold: the next attempts are counted (and their
