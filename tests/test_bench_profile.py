@@ -53,10 +53,12 @@ def test_wall_time_splits_into_client_cpu_server_and_the_rest() -> None:
 
 
 PROFILE = {
-    "single": {"wall_ms_per_job": 1.0, "statements_per_job": 5.0, "transactions_per_job": 1.0, "wal_flushes_per_job": 1.0,
+    "single": {"wall_ms_per_job": 1.0, "statements_per_job": 5.0,
+               "transactions_per_job": 1.0, "wal_flushes_per_job": 1.0,
                "client_cpu_ms_per_job": 0.29, "server_active_ms_per_job": 0.53,
                "rest_ms_per_job": 0.18, "machine_cpu_busy": 0.47},
-    "leased": {"wall_ms_per_job": 1.3, "statements_per_job": 7.0, "transactions_per_job": 1.0, "wal_flushes_per_job": 1.0,
+    "leased": {"wall_ms_per_job": 1.3, "statements_per_job": 7.0,
+               "transactions_per_job": 1.0, "wal_flushes_per_job": 1.0,
                "client_cpu_ms_per_job": 0.48, "server_active_ms_per_job": 0.58,
                "rest_ms_per_job": 0.32, "machine_cpu_busy": 0.52},
 }
