@@ -457,7 +457,11 @@ def wake_transactions(s: db.Scratch, workers: int = WAKE_WORKERS,
 
 
 def processes(s: db.Scratch, workers: int, jobs: int, *extra: str) -> float:
-    """Drain `jobs` no-op jobs with `workers` worker processes; return jobs per second."""
+    """Drain `jobs` no-op jobs with `workers` worker processes; return jobs per second.
+
+    The rate while all of them ran: from the last one's first job to the last finish (the
+    jobs started in it); from the first start if the last came too late to see half the jobs.
+    """
     _reset(s)
     with s.connect("worker", "bench enqueue", autocommit=True) as conn:
         queue.enqueue(conn, "noop", count=jobs)
@@ -478,8 +482,13 @@ def processes(s: db.Scratch, workers: int, jobs: int, *extra: str) -> float:
     _mark("stop")
     with s.connect("worker", "bench span", autocommit=True) as conn:
         n, seconds = conn.execute(q("bench_span")).fetchone() or (0, None)
+        # The rate while every worker runs: a worker still starting (importing, connecting)
+        # while the first ones drain would count its start-up against the others.
+        running, steady = conn.execute(q("bench_span_all_running")).fetchone() or (0, None)
     if n != jobs:
         raise RuntimeError(f"bench: {workers} workers ran {n} of {jobs} jobs")
+    if running >= jobs // 2 and steady:
+        return running / float(steady)
     return jobs / float(seconds)
 
 

@@ -299,6 +299,11 @@ def why(key: str, rounds: Sequence[float], ok: Callable[[float], bool],
         busy = [x.get("machine_cpu_busy") for x in (a, b)]
         if all(v is not None for v in busy):
             parts.append(f"machine CPU busy {busy[0]:.0%} and {busy[1]:.0%}")
+            if pair[1].startswith("workers_") and busy[1]:
+                # More workers go faster only on CPU left idle: at the control's CPU per job,
+                # the machine's cores allow at most 1 / busy times its rate.
+                parts.append(f"at `{pair[1]}`'s CPU per job the machine allows at most "
+                             f"{1 / busy[1]:.2f}x it")
     return "; ".join(parts)
 
 

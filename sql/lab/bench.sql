@@ -91,6 +91,18 @@ select extract(epoch from r.started - j.created) * 1000 as ms
 select count(*) as jobs, extract(epoch from max(finished) - min(started)) as seconds
   from job_runs where finished is not null;
 
+-- Run by tenantlab.bench after worker processes drained the queue: the same, from the moment
+-- the last worker started its first job (every worker running: their start-ups, a few hundred
+-- ms of CPU each on a machine of few cores, left out) to the last finish, and the jobs that
+-- started in it.
+-- name: bench_span_all_running
+with firsts as (select worker, min(started) as first from job_runs group by worker),
+     t0 as (select max(first) as t0 from firsts)
+select count(*) as jobs, extract(epoch from max(r.finished) - t0.t0) as seconds
+  from job_runs r, t0
+ where r.finished is not null and r.started >= t0.t0
+ group by t0.t0;
+
 -- Run by tenantlab.bench after a drain: when each execution finished, in seconds, in order
 -- (the first tenth of a run against its last: flat, or slowing down as history piles up).
 -- name: bench_finish_times
