@@ -547,6 +547,13 @@ def _round_ratios(jps: dict[str, float], c: dict[str, Any], history: int,
             **_ceiling_ratios(jps, ceiling)}
 
 
+def turn(names: Any, i: int) -> list[Any]:
+    """Return `names` in order, turned by `i` places: round i starts at its i-th (mod len)."""
+    items = list(names)
+    k = i % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
 def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int = 4,
         peers: bool = False, progress: Callable[[str, Any], None] | None = None,
         scheduled: int = 100_000, backoff: int = 10_000, exhausted: int = 1_000,
@@ -605,26 +612,29 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
                 say(name, runs[name][-1])
 
             # One round is every measurement once, in turn: a machine that is busier in one
-            # phase than another shifts all of them alike, and each round's ratios hold.
+            # phase than another shifts all of them alike, and each round's ratios hold. Within
+            # each group the order turns by one each round (a row and its control each take
+            # every place in turn): what the row before leaves behind (autovacuum of its table,
+            # a checkpoint's full-page writes) falls on each of them alike.
             for i in range(rounds):
                 say("round", f"{i + 1} of {rounds}")
                 loops = max(jobs, 2000)
                 measure("select1", loops, select1, s, loops)
                 measure("commit1", loops, commit1, s, loops)
-                for name in ceilings:
+                for name in turn(ceilings, i):
                     measure(name, jobs, bench_ceiling.run, p, jobs, CEILINGS[name[8:]], pgbench)
-                for name in DESIGNS:
+                for name in turn(DESIGNS, i):
                     measure(name, jobs, drain, s, name, jobs)
-                for name in LOOPS:
+                for name in turn(LOOPS, i):
                     measure(name, max(jobs, tenants), drain, p, name, jobs, tenants)
-                for name in ROUTING:
+                for name in turn(ROUTING, i):
                     measure(name, jobs, drain_routing, p, name, jobs)
                 for name, rate in enqueue_rates(p, jobs).items():
                     runs[name].append(rate)
                     say(name, rate)
-                for name in peer_names:
+                for name in turn(peer_names, i):
                     measure(name, jobs, bench_peers.drain, name, jobs)
-                for w in counts:
+                for w in turn(counts, i):
                     measure(f"workers_{w}", jobs, processes, p, w, jobs)
                 claim_rounds.append(claims(p, history, scheduled, backoff, exhausted,
                                            bulk_jobs, say))

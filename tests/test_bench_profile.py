@@ -160,3 +160,12 @@ def test_more_workers_missed_says_how_much_cpu_the_machine_had_left() -> None:
     t = bench_profile.judge({"workers_4_vs_1": [1.4, 1.5, 1.6]}, profile)["workers_4_vs_1"]
     assert "machine CPU busy 98% and 60%" in t["why"]
     assert "at `workers_1`'s CPU per job the machine allows at most 1.67x it" in t["why"]
+
+
+def test_each_round_turns_the_order_so_a_row_and_its_control_take_every_place() -> None:
+    rows = ["leased", "leased_heartbeat", "leased_no_heartbeat"]
+    orders = [bench.turn(rows, i) for i in range(3)]
+    assert orders[0] == rows and orders[1][0] == "leased_heartbeat"
+    assert all(sorted(o) == sorted(rows) for o in orders)
+    assert {o.index("leased") for o in orders} == {0, 1, 2}
+    assert bench.turn([], 2) == []
