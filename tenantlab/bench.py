@@ -554,6 +554,34 @@ def turn(names: Any, i: int) -> list[Any]:
     return items[k:] + items[:k]
 
 
+def _claim_details(hist: dict[str, Any], history: int, not_due: dict[str, Any],
+                   spent: dict[str, Any], bulk: dict[str, Any]) -> dict[str, str]:
+    """Return what each claim target measured (medians over the rounds), for its why line."""
+    base = hist["0"]
+
+    def vs(v: dict[str, Any], what: str, key: str = "claim_ms") -> str:
+        return f"median claim {v[key]:.3f} ms {what} against {base[key]:.3f} ms without"
+
+    out = {"claim_at_history_vs_0": vs(hist[str(history)], f"with {history:,} finished jobs"),
+           "claim_empty_at_history_vs_0": vs(hist[str(history)], "on an empty queue with the "
+                                             "history", "claim_ms_empty_queue"),
+           "claim_not_due_vs_0": vs(not_due, "behind the jobs not yet due"),
+           "claim_empty_not_due_vs_0": vs(not_due, "on an empty queue behind them",
+                                          "claim_ms_empty_queue")}
+    if "claim_ms" in spent:
+        out["claim_exhausted_vs_0"] = vs(spent, "behind the exhausted jobs")
+        out["claim_empty_exhausted_vs_0"] = vs(spent, "on an empty queue behind them",
+                                               "claim_ms_empty_queue")
+    if bulk:
+        out["claim_after_bulk_vs_claim"] = (
+            f"first claims {bulk['claim_after_bulk_ms']:.3f} ms, the first reading "
+            f"{bulk['claim_after_bulk_buffers']} buffers, against {base['claim_ms']:.3f} ms")
+        out["claim_after_retry_dead_vs_claim"] = (
+            f"first claims {bulk['claim_after_retry_dead_ms']:.3f} ms, the first reading "
+            f"{bulk['claim_after_retry_dead_buffers']} buffers, against {base['claim_ms']:.3f} ms")
+    return out
+
+
 def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int = 4,
         peers: bool = False, progress: Callable[[str, Any], None] | None = None,
         scheduled: int = 100_000, backoff: int = 10_000, exhausted: int = 1_000,
@@ -666,7 +694,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
     profile = {name: {m: (None if (r := bench_profile.median_range(vs)) is None
                           else round(r["median"], 4)) for m, vs in ms.items()}
                for name, ms in profile_rounds.items()}
-    targets = bench_profile.judge(ratio_rounds, profile)
+    targets = bench_profile.judge(ratio_rounds, profile,
+                                  _claim_details(hist, history, not_due, spent, bulk))
     notes = DURABILITY | peer_notes
     flushes = {k: v["wal_flushes_per_job"] for k, v in profile.items()
                if v["wal_flushes_per_job"] is not None}

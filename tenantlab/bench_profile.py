@@ -307,9 +307,10 @@ def why(key: str, rounds: Sequence[float], ok: Callable[[float], bool],
     return "; ".join(parts)
 
 
-def judge(ratio_rounds: dict[str, list[float]],
-          profile: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Return each measured target: its median ratio, range, rounds, met, and a why when missed."""
+def judge(ratio_rounds: dict[str, list[float]], profile: dict[str, dict[str, Any]],
+          details: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Return each measured target: its median ratio, range, rounds, met, and a why when missed
+    (with `details[key]` added: what a target without two rows measured, e.g. a claim's ms)."""
     out: dict[str, dict[str, Any]] = {}
     for key, _text, ok, pair in TARGETS:
         rounds = ratio_rounds.get(key)
@@ -323,4 +324,6 @@ def judge(ratio_rounds: dict[str, list[float]],
                     "met": met}
         if not met:
             out[key]["why"] = why(key, rounds, ok, pair, profile)
+            if details and key in details:
+                out[key]["why"] += "; " + details[key]
     return out

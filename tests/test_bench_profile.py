@@ -169,3 +169,14 @@ def test_each_round_turns_the_order_so_a_row_and_its_control_take_every_place() 
     assert all(sorted(o) == sorted(rows) for o in orders)
     assert {o.index("leased") for o in orders} == {0, 1, 2}
     assert bench.turn([], 2) == []
+
+
+def test_a_missed_claim_target_says_what_the_claims_measured() -> None:
+    hist = {"0": {"claim_ms": 0.6, "claim_ms_empty_queue": 0.1},
+            "100000": {"claim_ms": 1.2, "claim_ms_empty_queue": 0.1}}
+    nd = {"claim_ms": 0.6, "claim_ms_empty_queue": 0.1}
+    details = bench._claim_details(hist, 100_000, nd, {}, {})
+    t = bench_profile.judge({"claim_at_history_vs_0": [2.0, 1.4, 2.1]}, {}, details)
+    assert t["claim_at_history_vs_0"]["why"].endswith(
+        "median claim 1.200 ms with 100,000 finished jobs against 0.600 ms without")
+    assert "1 of 3 rounds met it" in t["claim_at_history_vs_0"]["why"]

@@ -184,7 +184,8 @@ def table(r: dict[str, Any]) -> str:
                      f"({b['claim_after_retry_dead_buffers']} buffers) | |")
     lat = r.get("idle_latency_ms", {})
     if lat:
-        lines += ["", "| idle latency, enqueue to start | median ms | p95 ms |", "|---|---|---|"]
+        lines += ["", "| idle latency, enqueue to start (once, after the rounds) | median ms | p95 ms |",
+                  "|---|---|---|"]
         for name, v in lat.items():
             how = "LISTEN/NOTIFY" if name == "leased" else "the poll alone"
             lines.append(f"| {how} | {v['median']:.1f} | {v['p95']:.1f} |")
