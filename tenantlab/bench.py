@@ -155,6 +155,10 @@ def _mark(where: str) -> None:
         _profiler.mark() if where == "start" else _profiler.stop()
 
 
+def _stop() -> None:
+    _mark("stop")
+
+
 def drain(s: db.Scratch, name: str, jobs: int, tenants: int = TENANTS) -> dict[str, float]:
     """Queue `jobs` no-op jobs, run them all with one design; return rates (and the drift).
 
@@ -661,7 +665,7 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
                     runs[name].append(rate)
                     say(name, rate)
                 for name in turn(peer_names, i):
-                    measure(name, jobs, bench_peers.drain, name, jobs)
+                    measure(name, jobs, bench_peers.drain, name, jobs, _stop)
                 for w in turn(counts, i):
                     measure(f"workers_{w}", jobs, processes, p, w, jobs)
                 claim_rounds.append(claims(p, history, scheduled, backoff, exhausted,

@@ -262,7 +262,8 @@ TARGETS: list[Target] = [
 ]
 
 def _signed(v: float, spec: str) -> str:
-    return f"{v:+{spec}}"
+    text = f"{v:+{spec}}"
+    return "+" + text[1:] if float(text) == 0 else text  # no "-0.00"
 
 
 def why(key: str, rounds: Sequence[float], ok: Callable[[float], bool],

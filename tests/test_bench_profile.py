@@ -180,3 +180,8 @@ def test_a_missed_claim_target_says_what_the_claims_measured() -> None:
     assert t["claim_at_history_vs_0"]["why"].endswith(
         "median claim 1.200 ms with 100,000 finished jobs against 0.600 ms without")
     assert "1 of 3 rounds met it" in t["claim_at_history_vs_0"]["why"]
+
+
+def test_a_difference_that_rounds_to_nothing_is_not_negative() -> None:
+    assert bench_profile._signed(-0.0004, ".2f") == "+0.00"
+    assert bench_profile._signed(-0.25, ".2f") == "-0.25"
