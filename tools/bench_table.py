@@ -100,7 +100,8 @@ def profile_table(r: dict[str, Any]) -> list[str]:
              + ("" if r.get("statements_available", True) else
                 ", not available on this server (transactions instead)")
              + "; rest: round trips and waiting, negative where client and server overlap; "
-             "machine CPU busy: all cores, every process, `/proc/stat`):", "",
+             "machine CPU busy: all cores, every process, `/proc/stat`; a peer's counts include "
+             "its schema install and enqueue, a worker process's CPU its start-up):", "",
              "| row | " + " | ".join(METRICS[c] for c in cols) + " |",
              "|---" * (len(cols) + 1) + "|"]
     for key, v in prof.items():
