@@ -218,9 +218,9 @@ returning id, tenant_id, attempts as attempt, kind, payload;
 -- one queue: up to a batch per queue is locked for the statement, and only a batch updated.
 -- The queues are read through a scalar subquery on purpose: a bare unnest of the bound array is
 -- estimated at its real length in a custom plan and at 100 rows in the generic one, so
--- PostgreSQL kept planning the claim afresh every time (0.14 ms per claim, measured by
--- `tenantlab bench`'s profile with track_planning); behind the subquery both estimate alike and
--- the prepared claim keeps one generic plan.
+-- PostgreSQL kept planning the claim afresh every time (0.14 ms per claim, measured with
+-- pg_stat_statements.track_planning); behind the subquery both estimate alike and the prepared
+-- claim keeps one generic plan.
 -- name: claim_leased_queues
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
