@@ -945,14 +945,7 @@ def profile_line(pr: dict[str, Any]) -> str:
 
 def claim_ms(r: dict[str, Any], *path: str) -> str:
     """Return a claim's ms over the rounds, median (min-max), from ``claim_rounds``."""
-    values = []
-    for c in r.get("claim_rounds") or []:
-        v: Any = c
-        for key in path:
-            v = v.get(key, {}) if isinstance(v, dict) else {}
-        if isinstance(v, (int, float)):
-            values.append(float(v))
-    return bench_profile.fmt_range(values, ".3f")
+    return bench_profile.fmt_range(bench_profile.claim_values(r, *path), ".3f")
 
 
 def target_lines(r: dict[str, Any]) -> list[str]:

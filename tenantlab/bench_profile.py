@@ -214,6 +214,18 @@ def fmt_range(values: Sequence[float] | dict[str, Any] | None, spec: str = ",.0f
     return f"{med} ({lo}-{hi})"
 
 
+def claim_values(r: dict[str, Any], *path: str) -> list[float]:
+    """Return one claim measurement of each round of run `r` (``claim_rounds``), by its path."""
+    values = []
+    for c in r.get("claim_rounds") or []:
+        v: Any = c
+        for key in path:
+            v = v.get(key, {}) if isinstance(v, dict) else {}
+        if isinstance(v, (int, float)):
+            values.append(float(v))
+    return values
+
+
 # --- targets -------------------------------------------------------------------------------
 
 #: (ratio key, target text, test, the rows it compares: (measured, control) or None).

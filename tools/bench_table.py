@@ -14,7 +14,7 @@ from typing import Any
 
 import readme_section
 
-from tenantlab.bench_profile import METRICS, fmt_range
+from tenantlab.bench_profile import METRICS, claim_values, fmt_range
 from tenantlab.bench_profile import TARGETS as _TARGETS
 
 ROWS = [
@@ -70,13 +70,7 @@ def _rate(row: dict[str, Any]) -> str:
 
 def _claim(r: dict[str, Any], median: float, *path: str) -> str:
     """A claim's ms: the median, and its range over the rounds (``claim_rounds``)."""
-    values = []
-    for c in r.get("claim_rounds") or []:
-        v: Any = c
-        for key in path:
-            v = v.get(key, {}) if isinstance(v, dict) else {}
-        if isinstance(v, (int, float)):
-            values.append(float(v))
+    values = claim_values(r, *path)
     return fmt_range(values, ".3f") if len(values) > 1 else f"{median:.3f}"
 
 
