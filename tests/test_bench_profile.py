@@ -185,3 +185,10 @@ def test_a_missed_claim_target_says_what_the_claims_measured() -> None:
 def test_a_difference_that_rounds_to_nothing_is_not_negative() -> None:
     assert bench_profile._signed(-0.0004, ".2f") == "+0.00"
     assert bench_profile._signed(-0.25, ".2f") == "-0.25"
+
+
+def test_the_wake_miss_says_how_many_of_its_transactions_are_claims() -> None:
+    r = _run() | {"wake": {"workers": 10, "transactions_per_job": 19.7, "claims_per_job": 1.0}}
+    text = bench_table.table(r)
+    assert ("- one wake-up per job with 10 idle workers: 19.7 server transactions per job, of "
+            "which the workers' own claims are 1.0 per job") in text

@@ -210,6 +210,14 @@ def table(r: dict[str, Any]) -> str:
                      f"{'✓' if median <= 10 else '✗'} |")
     whys = [(text, t["why"]) for key, text, _ok in TARGETS
             if "why" in (t := r.get("targets", {}).get(key, {}))]
+    if (w := r.get("wake")) and w["transactions_per_job"] > 1.5 \
+            and (claims := w.get("claims_per_job")) is not None:
+        whys.append((f"one wake-up per job with {w['workers']} idle workers",
+                     f"{w['transactions_per_job']:.1f} server transactions per job, of which "
+                     f"the workers' own claims are {claims:.1f} per job (one worker wakes and "
+                     f"claims); the rest come from the {w['workers']} listening sessions, each of "
+                     "which reads every NOTIFY in a transaction of its own (PostgreSQL 17 signals "
+                     "every listening session of the database), measured once, after the rounds"))
     if whys:
         lines += ["", "Why each missed target missed, from the profiles above (same run):", ""]
         lines += [f"- {text}: {why}." for text, why in whys]
