@@ -326,9 +326,9 @@ def judge(ratio_rounds: dict[str, list[float]], profile: dict[str, dict[str, Any
     (with `details[key]` added: what a target without two rows measured, e.g. a claim's ms)."""
     out: dict[str, dict[str, Any]] = {}
     for key, _text, ok, pair in TARGETS:
-        rounds = ratio_rounds.get(key)
-        if not rounds:
+        if not ratio_rounds.get(key):
             continue
+        rounds = [round(v, 3) for v in ratio_rounds[key]]  # one rounding for the table and the why
         r = median_range(rounds)
         assert r is not None
         met = ok(r["median"])
