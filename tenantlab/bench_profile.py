@@ -290,7 +290,7 @@ def why(key: str, rounds: Sequence[float], ok: Callable[[float], bool],
     met = sum(1 for v in rounds if ok(v))
     r = median_range(rounds)
     assert r is not None
-    parts = [f"{r['median']:.2f}x"
+    parts = [f"{round(r['median'], 3):.2f}x"  # as judge stores it: the table's cell reads the same
              + (f" (rounds {r['min']:.2f}-{r['max']:.2f}x)" if len(rounds) > 1 else "")]
     if 0 < met < len(rounds):
         parts.append(f"{met} of {len(rounds)} rounds met it: within this run's noise")
