@@ -331,7 +331,7 @@ def judge(ratio_rounds: dict[str, list[float]], profile: dict[str, dict[str, Any
         rounds = [round(v, 3) for v in ratio_rounds[key]]  # one rounding for the table and the why
         r = median_range(rounds)
         assert r is not None
-        met = ok(r["median"])
+        met = ok(round(r["median"], 3))  # as `ratios` stores it and the table judges it
         out[key] = {"median": round(r["median"], 3), "min": round(r["min"], 3),
                     "max": round(r["max"], 3), "rounds": [round(v, 3) for v in rounds],
                     "met": met}
