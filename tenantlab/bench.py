@@ -45,7 +45,7 @@ from jobqueue import Leased, Worker, WorkerOptions, enqueue, enqueue_many
 from jobqueue.options import Parser, count, number
 from jobqueue.queries import q as jq
 
-from . import bench_ceiling, db, kinds, queue
+from . import bench_ceiling, bench_profile, db, kinds, queue
 from .queries import q
 from .validate import output_file
 
@@ -144,7 +144,19 @@ def wal_flushes(s: db.Scratch) -> float | None:
 
 #: A session's statistics reach the shared counters when it ends: time for the sessions of a
 #: drain (its worker, heartbeat, peer pool) to end before the flushes are read.
-STATS_SETTLE = 0.2
+STATS_SETTLE = bench_profile.SETTLE
+#: The profiler of the row being measured (``run``): a drain marks where its timed part starts
+#: and stops, so its set-up (queueing the jobs) is not counted in the row's server profile.
+_profiler: bench_profile.Profiler | None = None
+
+
+def _mark(where: str) -> None:
+    if _profiler is not None:
+        _profiler.mark() if where == "start" else _profiler.stop()
+
+
+def _stop() -> None:
+    _mark("stop")
 
 
 def drain(s: db.Scratch, name: str, jobs: int, tenants: int = TENANTS) -> dict[str, float]:
@@ -162,6 +174,7 @@ def drain(s: db.Scratch, name: str, jobs: int, tenants: int = TENANTS) -> dict[s
         else:
             queue.enqueue(conn, "noop", count=jobs)
     done = 0
+    _mark("start")
     cpu, started = time.process_time(), time.perf_counter()
     if name in LOOPS:
         done = Worker(s.worker, replace(LOOPS[name], name=f"bench-{name}"), kinds.handlers).run()
@@ -171,6 +184,7 @@ def drain(s: db.Scratch, name: str, jobs: int, tenants: int = TENANTS) -> dict[s
             while d.run_one(conn) is not None:
                 done += 1
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    _mark("stop")
     if done != jobs:
         raise RuntimeError(f"bench {name}: ran {done} of {jobs} jobs")
     with s.connect("worker", "bench times", autocommit=True) as conn:
@@ -203,19 +217,21 @@ ROUTING: dict[str, tuple[WorkerOptions, Callable[[int], dict[str, Any]]]] = {
 ENQUEUE_MANY = 20_000
 
 
-def drain_routing(s: db.Scratch, name: str, jobs: int) -> float:
-    """Queue `jobs` no-op jobs shaped by the routing row `name`, run them all; return jobs/s."""
+def drain_routing(s: db.Scratch, name: str, jobs: int) -> dict[str, float]:
+    """Queue `jobs` no-op jobs shaped by the routing row `name`, run them all; return rates."""
     options, shape = ROUTING[name]
     _reset(s)
     with s.connect("worker", "bench enqueue", autocommit=True) as conn:
         enqueue_many(conn, [dict(kind="noop", tenant=1 + i % 100, payload={"seconds": 0.0},
                                  **shape(i)) for i in range(jobs)])
-    started = time.perf_counter()
+    _mark("start")
+    cpu, started = time.process_time(), time.perf_counter()
     done = Worker(s.worker, replace(options, name=f"bench-{name}"), kinds.handlers).run()
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    _mark("stop")
     if done != jobs:
         raise RuntimeError(f"bench {name}: ran {done} of {jobs} jobs")
-    return jobs / elapsed
+    return {"jobs_per_s": jobs / elapsed, "cpu_ms_per_job": cpu * 1000 / jobs}
 
 
 def enqueue_rates(s: db.Scratch, jobs: int) -> dict[str, float]:
@@ -445,10 +461,15 @@ def wake_transactions(s: db.Scratch, workers: int = WAKE_WORKERS,
 
 
 def processes(s: db.Scratch, workers: int, jobs: int, *extra: str) -> float:
-    """Drain `jobs` no-op jobs with `workers` worker processes; return jobs per second."""
+    """Drain `jobs` no-op jobs with `workers` worker processes; return jobs per second.
+
+    The rate while all of them ran: from the last one's first job to the last finish (the
+    jobs started in it); from the first start if the last came too late to see half the jobs.
+    """
     _reset(s)
     with s.connect("worker", "bench enqueue", autocommit=True) as conn:
         queue.enqueue(conn, "noop", count=jobs)
+    _mark("start")
     procs = [subprocess.Popen(_worker_argv("--until-empty", "--name", f"bench-{i}", *extra),
                               env=_env(s), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True) for i in range(workers)]
@@ -462,24 +483,116 @@ def processes(s: db.Scratch, workers: int, jobs: int, *extra: str) -> float:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    _mark("stop")
     with s.connect("worker", "bench span", autocommit=True) as conn:
         n, seconds = conn.execute(q("bench_span")).fetchone() or (0, None)
+        # The rate while every worker runs: a worker still starting (importing, connecting)
+        # while the first ones drain would count its start-up against the others.
+        running, steady = conn.execute(q("bench_span_all_running")).fetchone() or (0, None)
     if n != jobs:
         raise RuntimeError(f"bench: {workers} workers ran {n} of {jobs} jobs")
+    if running >= jobs // 2 and steady:
+        return running / float(steady)
     return jobs / float(seconds)
 
 
 def _rate(rates: list[float]) -> dict[str, Any]:
     m = statistics.median(rates)
     return {"jobs_per_s": round(m, 1), "ms_per_job": round(1000 / m, 3),
-            "rounds": [round(r, 1) for r in rates]}
+            "rounds": [round(r, 1) for r in rates],
+            # the spread over the rounds (min, max): added, the keys above kept
+            "jobs_per_s_range": [round(min(rates), 1), round(max(rates), 1)]}
+
+
+def claims(p: db.Scratch, history: int, scheduled: int, backoff: int, exhausted: int,
+           bulk_jobs: int, say: Callable[[str, Any], None]) -> dict[str, Any]:
+    """Measure the claim's cost once: on the empty queue before and after the full history, the
+    jobs not yet due, the exhausted ones and the bulk operations (their baseline: the mean of
+    the two empty ones)."""
+    before = claim_cost(p, 0)
+    say("history 0", before)
+    hist = {str(history): claim_cost(p, history)}
+    say(f"history {history:,}", hist[str(history)])
+    waiting = {"scheduled": scheduled, "backoff": backoff}
+    not_due: dict[str, Any] = dict(waiting, **claim_cost(p, 0, **waiting))
+    say("not yet due", not_due)
+    spent: dict[str, Any] = {"exhausted": exhausted}
+    if exhausted:
+        spent.update(claim_cost(p, 0, exhausted=exhausted))
+        say("exhausted, unreaped", spent)
+    bulk = claim_after_bulk(p, bulk_jobs) if bulk_jobs else {}
+    say("claim after bulk", bulk)
+    after = claim_cost(p, 0)
+    say("history 0 again", after)
+    hist["0"] = {k: round((before[k] + after[k]) / 2, 3) for k in before}
+    return {"history": hist, "not_due": not_due, "exhausted": spent, "bulk": bulk}
+
+
+def _median_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return the documents' values, numbers as their median over the rounds (others: the first)."""
+    out: dict[str, Any] = {}
+    for k, v in docs[0].items():
+        if isinstance(v, dict):
+            out[k] = _median_of([d[k] for d in docs])
+        elif isinstance(v, int) and not isinstance(v, bool):
+            out[k] = statistics.median_low(d[k] for d in docs)  # counts (buffers, jobs) stay whole
+        elif isinstance(v, float):
+            out[k] = round(statistics.median(d[k] for d in docs), 3)
+        else:
+            out[k] = v
+    return out
+
+
+def _round_ratios(jps: dict[str, float], c: dict[str, Any], history: int,
+                  ceiling: dict[str, float] | None) -> dict[str, float]:
+    """Return one round's ratios: its rows' rates and its claims against each other."""
+    return {**_ratios(jps, c["history"], history, c["not_due"], c["exhausted"]),
+            **_bulk_ratios(c["bulk"], c["history"]), **_routing_ratios(jps),
+            **_ceiling_ratios(jps, ceiling)}
+
+
+def turn(names: Any, i: int) -> list[Any]:
+    """Return `names` in order, turned by `i` places: round i starts at its i-th (mod len)."""
+    items = list(names)
+    k = i % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def _claim_details(hist: dict[str, Any], history: int, not_due: dict[str, Any],
+                   spent: dict[str, Any], bulk: dict[str, Any]) -> dict[str, str]:
+    """Return what each claim target measured (medians over the rounds), for its why line."""
+    base = hist["0"]
+
+    def vs(v: dict[str, Any], what: str, key: str = "claim_ms") -> str:
+        return f"median claim {v[key]:.3f} ms {what} against {base[key]:.3f} ms without"
+
+    out = {"claim_at_history_vs_0": vs(hist[str(history)], f"with {history:,} finished jobs"),
+           "claim_empty_at_history_vs_0": vs(hist[str(history)], "on an empty queue with the "
+                                             "history", "claim_ms_empty_queue"),
+           "claim_not_due_vs_0": vs(not_due, "behind the jobs not yet due"),
+           "claim_empty_not_due_vs_0": vs(not_due, "on an empty queue behind them",
+                                          "claim_ms_empty_queue")}
+    if "claim_ms" in spent:
+        out["claim_exhausted_vs_0"] = vs(spent, "behind the exhausted jobs")
+        out["claim_empty_exhausted_vs_0"] = vs(spent, "on an empty queue behind them",
+                                               "claim_ms_empty_queue")
+    if bulk:
+        out["claim_after_bulk_vs_claim"] = (
+            f"first claims {bulk['claim_after_bulk_ms']:.3f} ms, the first reading "
+            f"{bulk['claim_after_bulk_buffers']} buffers, against {base['claim_ms']:.3f} ms")
+        out["claim_after_retry_dead_vs_claim"] = (
+            f"first claims {bulk['claim_after_retry_dead_ms']:.3f} ms, the first reading "
+            f"{bulk['claim_after_retry_dead_buffers']} buffers, against {base['claim_ms']:.3f} ms")
+    return out
 
 
 def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int = 4,
         peers: bool = False, progress: Callable[[str, Any], None] | None = None,
         scheduled: int = 100_000, backoff: int = 10_000, exhausted: int = 1_000,
         bulk_jobs: int = BULK, tenants: int = TENANTS) -> dict[str, Any]:
-    """Measure everything once; return the JSON document ``tenantlab bench --json`` writes."""
+    """Measure everything `rounds` times; return the JSON document ``tenantlab bench --json``
+    writes."""
+    global _profiler
     say = progress or (lambda name, value: None)
     drift: dict[str, Any] = {}
     counts = sorted({1, 2, 4, 8} & set(range(1, workers + 1)) | {workers})
@@ -491,95 +604,120 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
 
         peer_names = bench_peers.installed(say)
         peer_notes, peer_docs = bench_peers.DURABILITY, bench_peers.DOCS
+    started_at = time.monotonic()
     with db.scratch("bench") as s, product_db() as p:
-        drain(s, "single", min(jobs, 200))  # warm up: caches, plans, the first connection
-        drain(p, "leased", min(jobs, 200))
-        pgbench = bench_ceiling.pgbench()
-        ceilings = [f"ceiling_{k}" for k in CEILINGS] if pgbench else []
-        names = ["select1", "commit1", *ceilings, *DESIGNS, *LOOPS, *ROUTING, "enqueue_one",
-                 "enqueue_many",
-                 *peer_names, *(f"workers_{w}" for w in counts)]
-        runs: dict[str, list[float]] = {name: [] for name in names}
-        flushes: dict[str, list[float]] = {}
-        cpu: dict[str, list[float]] = {}
+        profiler = bench_profile.Profiler(db.admin_dsn())
+        try:
+            drain(s, "single", min(jobs, 200))  # warm up: caches, plans, the first connection
+            drain(p, "leased", min(jobs, 200))
+            pgbench = bench_ceiling.pgbench()
+            ceilings = [f"ceiling_{k}" for k in CEILINGS] if pgbench else []
+            names = ["select1", "commit1", *ceilings, *DESIGNS, *LOOPS, *ROUTING, "enqueue_one",
+                     "enqueue_many",
+                     *peer_names, *(f"workers_{w}" for w in counts)]
+            runs: dict[str, list[float]] = {name: [] for name in names}
+            prof: dict[str, list[dict[str, float | None]]] = {}
+            claim_rounds: list[dict[str, Any]] = []
 
-        def measure(name: str, n: int, rate: Callable[..., Any], *args: Any) -> None:
-            # The WAL flushes of every session between the two readings: this row's own.
-            before, cpu0 = wal_flushes(s), cpu_seconds()
-            r = rate(*args)
-            if not isinstance(r, dict):  # a rate alone: the CPU of the whole call
-                r = {"jobs_per_s": r, "cpu_ms_per_job": (cpu_seconds() - cpu0) * 1000 / n}
-            runs[name].append(r["jobs_per_s"])
-            cpu.setdefault(name, []).append(r["cpu_ms_per_job"])
-            if "drift" in r:
-                drift.setdefault(name, []).append(r["drift"])
-            if before is not None:
-                time.sleep(STATS_SETTLE)
-                after = wal_flushes(s) or before
-                flushes.setdefault(name, []).append((after - before) / n)
-            say(name, runs[name][-1])
+            def measure(name: str, n: int, rate: Callable[..., Any], *args: Any) -> None:
+                # The server's counters between the two readings (every session, every
+                # database but the profiler's): this row's own.
+                global _profiler
+                cpu0 = cpu_seconds()
+                profiler.begin()
+                _profiler = profiler
+                try:
+                    r = rate(*args)
+                finally:
+                    _profiler = None
+                counted = profiler.end(n)
+                if not isinstance(r, dict):  # a rate alone: the CPU of the whole call
+                    r = {"jobs_per_s": r, "cpu_ms_per_job": (cpu_seconds() - cpu0) * 1000 / n}
+                runs[name].append(r["jobs_per_s"])
+                # Worker processes: their CPU is their whole lives (start-up too) over several
+                # cores, their rate from the first job to the last: no rest to speak of.
+                prof.setdefault(name, []).append(bench_profile.complete(
+                    counted, r["jobs_per_s"], r["cpu_ms_per_job"],
+                    serial=not name.startswith("workers_")))
+                if "drift" in r:
+                    drift.setdefault(name, []).append(r["drift"])
+                say(name, runs[name][-1])
 
-        # One round is every measurement once, in turn: a machine that is busier in one phase
-        # than another shifts all of them alike, and the ratios hold.
-        for _ in range(rounds):
-            loops = max(jobs, 2000)
-            measure("select1", loops, select1, s, loops)
-            measure("commit1", loops, commit1, s, loops)
-            for name in ceilings:
-                measure(name, jobs, bench_ceiling.run, p, jobs, CEILINGS[name[8:]], pgbench)
-            for name in DESIGNS:
-                measure(name, jobs, drain, s, name, jobs)
-            for name in LOOPS:
-                measure(name, max(jobs, tenants), drain, p, name, jobs, tenants)
-            for name in ROUTING:
-                measure(name, jobs, drain_routing, p, name, jobs)
-            for name, rate in enqueue_rates(p, jobs).items():
-                runs[name].append(rate)
-                say(name, rate)
-            for name in peer_names:
-                measure(name, jobs, bench_peers.drain, name, jobs)
-            for w in counts:
-                measure(f"workers_{w}", jobs, processes, p, w, jobs)
-        results = {name: _rate(v) for name, v in runs.items()}
-        scaling = {str(w): results[f"workers_{w}"]["jobs_per_s"] for w in counts}
-        # The empty queue before and after the full history and the jobs not yet due: the
-        # baseline of both is their mean.
-        before = claim_cost(p, 0)
-        say("history 0", before)
-        hist = {str(history): claim_cost(p, history)}
-        say(f"history {history:,}", hist[str(history)])
-        waiting = {"scheduled": scheduled, "backoff": backoff}
-        not_due: dict[str, Any] = dict(waiting, **claim_cost(p, 0, **waiting))
-        say("not yet due", not_due)
-        spent: dict[str, Any] = {"exhausted": exhausted}
-        if exhausted:
-            spent.update(claim_cost(p, 0, exhausted=exhausted))
-            say("exhausted, unreaped", spent)
-        bulk = claim_after_bulk(p, bulk_jobs) if bulk_jobs else {}
-        say("claim after bulk", bulk)
-        after = claim_cost(p, 0)
-        say("history 0 again", after)
-        hist["0"] = {k: round((before[k] + after[k]) / 2, 3) for k in before}
-        latency = {}
-        for name, listen in (("leased", True), ("leased_poll", False)):
-            latency[name] = idle_latency(p, listen)
-            say(f"idle latency {name}", latency[name])
-        wake = wake_transactions(p)
-        say("wake-ups", wake)
-        settings = _settings(s)
+            # One round is every measurement once, in turn: a machine that is busier in one
+            # phase than another shifts all of them alike, and each round's ratios hold. Within
+            # each group the order turns by one each round (a row and its control each take
+            # every place in turn): what the row before leaves behind (autovacuum of its table,
+            # a checkpoint's full-page writes) falls on each of them alike.
+            for i in range(rounds):
+                say("round", f"{i + 1} of {rounds}")
+                loops = max(jobs, 2000)
+                measure("select1", loops, select1, s, loops)
+                measure("commit1", loops, commit1, s, loops)
+                for name in turn(ceilings, i):
+                    measure(name, jobs, bench_ceiling.run, p, jobs, CEILINGS[name[8:]], pgbench)
+                for name in turn(DESIGNS, i):
+                    measure(name, jobs, drain, s, name, jobs)
+                for name in turn(LOOPS, i):
+                    measure(name, max(jobs, tenants), drain, p, name, jobs, tenants)
+                for name in turn(ROUTING, i):
+                    measure(name, jobs, drain_routing, p, name, jobs)
+                for name, rate in enqueue_rates(p, jobs).items():
+                    runs[name].append(rate)
+                    say(name, rate)
+                for name in turn(peer_names, i):
+                    measure(name, jobs, bench_peers.drain, name, jobs, _stop)
+                for w in turn(counts, i):
+                    measure(f"workers_{w}", jobs, processes, p, w, jobs)
+                claim_rounds.append(claims(p, history, scheduled, backoff, exhausted,
+                                           bulk_jobs, say))
+            latency = {}
+            for name, listen in (("leased", True), ("leased_poll", False)):
+                latency[name] = idle_latency(p, listen)
+                say(f"idle latency {name}", latency[name])
+            wake = wake_transactions(p)
+            say("wake-ups", wake)
+            settings = _settings(s)
+            statements = profiler.statements
+        finally:
+            profiler.close()
+    results = {name: _rate(v) for name, v in runs.items()}
+    scaling = {str(w): results[f"workers_{w}"]["jobs_per_s"] for w in counts}
     jps = {k: v["jobs_per_s"] for k, v in results.items()}
     ceiling = {k: jps[f"ceiling_{k}"] for k in CEILINGS if f"ceiling_{k}" in jps} or None
+    c = _median_of(claim_rounds)
+    hist, not_due, spent, bulk = c["history"], c["not_due"], c["exhausted"], c["bulk"]
+    # Each round's ratios, from that round's rows and claims; a target is judged on the median.
+    ratio_rounds: dict[str, list[float]] = {}
+    for i, cr in enumerate(claim_rounds):
+        jps_i = {k: v[i] for k, v in runs.items()}
+        ceiling_i = {k: jps_i[f"ceiling_{k}"] for k in CEILINGS if f"ceiling_{k}" in jps_i}
+        for k, v in _round_ratios(jps_i, cr, history, ceiling_i or None).items():
+            ratio_rounds.setdefault(k, []).append(v)
+    profile_rounds = {name: {m: [x.get(m) for x in v] for m in bench_profile.METRICS}
+                      for name, v in prof.items()}
+    profile = {name: {m: (None if (r := bench_profile.median_range(vs)) is None
+                          else round(r["median"], 4)) for m, vs in ms.items()}
+               for name, ms in profile_rounds.items()}
+    targets = bench_profile.judge(ratio_rounds, profile,
+                                  _claim_details(hist, history, not_due, spent, bulk))
     notes = DURABILITY | peer_notes
+    flushes = {k: v["wal_flushes_per_job"] for k, v in profile.items()
+               if v["wal_flushes_per_job"] is not None}
+    cpu = {k: v["client_cpu_ms_per_job"] for k, v in profile.items()
+           if v["client_cpu_ms_per_job"] is not None}
     return {
         "server_version": db.server_version(), "jobs": jobs, "rounds": rounds,
         # the worker loops' jobs (leased, leased_round_robin, leased_limit, ...) are spread over
         # this many tenants, max(jobs, tenants) jobs each run
         "tenants": tenants,
         "settings": settings,
+        # each row: jobs_per_s (median over the rounds), ms_per_job, rounds (each round's
+        # jobs/s, in order) and jobs_per_s_range ([min, max])
         "results": results,
         # the worker's own claim and finish statements run by pgbench, no Python between them
         # (bench_ceiling): jobs/s at one job per transaction and at BATCH; null without pgbench
         "ceiling": ceiling,
+        # the claims: medians over the rounds (claim_rounds: each round's)
         "history": hist,
         # the claim with jobs in front of the ready ones that it must not take: not yet due
         # (scheduled, in backoff), or exhausted and unreaped; their counts, then ms. The
@@ -590,6 +728,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         # as many, on the statistics of before (median ms, buffers of the first); its baseline
         # is claim_ms (history["0"]); {} when --bulk 0
         "claim_after_bulk": bulk | ({"claim_ms": hist["0"]["claim_ms"]} if bulk else {}),
+        "claim_rounds": claim_rounds,
+        # measured once per run, after the rounds
         "idle_latency_ms": latency,
         # server transactions per job queued one at a time while WAKE_WORKERS workers are idle
         # (issue 32, item 5); claims_per_job: the workers' claims of their own per job (1: one
@@ -598,15 +738,29 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         "scaling": scaling,
         # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
         "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
-        "ratios": {**_ratios(jps, hist, history, not_due, spent), **_bulk_ratios(bulk, hist),
-                   **_routing_ratios(jps),
-                   **_ceiling_ratios(jps, ceiling)},
+        # the median over the rounds of each round's ratio (ratio_rounds: each round's)
+        "ratios": {k: round(statistics.median(v), 3) for k, v in ratio_rounds.items()},
+        "ratio_rounds": ratio_rounds,
+        # each target: median ratio, min, max, rounds, met (on the median) and, when missed,
+        # why: one line from the two rows' profiles (bench_profile.TARGETS)
+        "targets": targets,
+        # per row and job, median over the rounds (profile_rounds: each round's): wall ms,
+        # client CPU ms, server active ms (pg_stat_database.active_time: parse, plan, execute,
+        # commit and its WAL flush), rest ms (wall less both: round trips, waiting), statements
+        # and their execution ms (pg_stat_statements; null where the server does not load it),
+        # transactions, WAL flushes, machine CPU busy (0-1, all cores, /proc/stat). A peer's
+        # counts include its set-up (schema, enqueue); a drain's of the kit do not.
+        "profile": profile,
+        "profile_rounds": profile_rounds,
+        "statements_available": statements,
+        "cores": os.cpu_count(),
+        "seconds": round(time.monotonic() - started_at, 1),
         # WAL flushes per job (per commit for commit1), median over the rounds, counted
         # server-wide (pg_stat_wal): what each row's durability costs, as measured
-        "wal_flushes_per_job": {k: round(statistics.median(v), 3) for k, v in flushes.items()},
+        "wal_flushes_per_job": {k: round(v, 3) for k, v in flushes.items()},
         # the client's CPU per job (ms, median): this process and its threads while a row ran
         # in it (a peer: from its first job to its last), the worker processes' whole lives
-        "client_cpu_ms_per_job": {k: round(statistics.median(v), 3) for k, v in cpu.items()},
+        "client_cpu_ms_per_job": {k: round(v, 3) for k, v in cpu.items()},
         # what a crash right after a job can lose: flush per job or per batch, by each row's code
         "durability": {k: notes[k] for k in results if k in notes}
         | {k: DURABILITY["workers"] for k in results if k.startswith("workers_")},
@@ -757,6 +911,56 @@ def main(argv: list[str] | None = None) -> int:
     return cmd_bench(p.parse_args(argv))
 
 
+def report(r: dict[str, Any]) -> list[str]:
+    """Return the rows' lines: jobs/s median (range over the rounds), then each row's profile
+    per job (wall = client CPU + server active + rest)."""
+    out = []
+    for name, v in r["results"].items():
+        rng = bench_profile.fmt_range(v["rounds"])
+        out.append(f"  {name:24} {rng:>24} jobs/s  {v['ms_per_job']:.3f} ms/job")
+        if pr := r.get("profile", {}).get(name):
+            out.append("  " + " " * 24 + "  per job: " + profile_line(pr))
+    if not r.get("statements_available", True):
+        out.append("  (statements per job: not available, the server does not load "
+                   "pg_stat_statements; transactions per job from pg_stat_database instead)")
+    return out
+
+
+def profile_line(pr: dict[str, Any]) -> str:
+    """Return one row's profile per job as text (what is not known is left out)."""
+    parts = []
+    for key, text, spec in (("wall_ms_per_job", "wall {} ms", ".3f"),
+                            ("client_cpu_ms_per_job", "= client CPU {}", ".3f"),
+                            ("server_active_ms_per_job", "+ server {}", ".3f"),
+                            ("rest_ms_per_job", "+ rest {}", ".3f"),
+                            ("statements_per_job", "; {} statements", ".1f"),
+                            ("server_exec_ms_per_job", "(executing {} ms)", ".3f"),
+                            ("transactions_per_job", "{} transactions", ".2f"),
+                            ("wal_flushes_per_job", "{} WAL flushes", ".2f"),
+                            ("machine_cpu_busy", "machine CPU busy {}", ".0%")):
+        if pr.get(key) is not None:
+            parts.append(text.format(format(pr[key], spec)))
+    return " ".join(parts)
+
+
+def claim_ms(r: dict[str, Any], *path: str) -> str:
+    """Return a claim's ms over the rounds, median (min-max), from ``claim_rounds``."""
+    return bench_profile.fmt_range(bench_profile.claim_values(r, *path), ".3f")
+
+
+def target_lines(r: dict[str, Any]) -> list[str]:
+    """Return the targets: median ratio, range over the rounds, met on the median; a why line
+    under each missed one."""
+    out = []
+    texts = {key: text for key, text, _ok, _pair in bench_profile.TARGETS}
+    for key, t in r.get("targets", {}).items():
+        rng = bench_profile.fmt_range(t, ".2f", "x")
+        out.append(f"  {'✓' if t['met'] else '✗'} {texts[key]}: {rng}")
+        if "why" in t:
+            out.append(f"      why: {t['why']}")
+    return out
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run ``tenantlab bench`` with parsed arguments."""
     def progress(name: str, value: Any) -> None:
@@ -767,29 +971,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
             args.scheduled, args.backoff, args.exhausted, args.bulk, args.tenants)
     print(f"PostgreSQL {r['server_version']} (fsync {r['settings']['fsync']}, synchronous_commit "
           f"{r['settings']['synchronous_commit']}), {r['jobs']} no-op jobs, median of "
-          f"{r['rounds']} rounds")
-    flushes, cpu = r["wal_flushes_per_job"], r["client_cpu_ms_per_job"]
-    for name, v in r["results"].items():
-        extra = f"  client CPU {cpu[name]:.3f} ms/job" if name in cpu else ""
-        extra += f"  {flushes[name]:.2f} WAL flushes/job" if name in flushes else ""
-        print(f"  {name:24} {v['jobs_per_s']:8.0f} jobs/s  {v['ms_per_job']:.3f} ms/job{extra}")
+          f"{r['rounds']} rounds (min-max), in {r['seconds']:.0f} s")
+    for line in report(r):
+        print(line)
     if r["ceiling"]:
         print("  ceiling (the worker's claim and finish in pgbench, no Python): "
               + ", ".join(f"{k} {v:,.0f} jobs/s" for k, v in r["ceiling"].items()))
-    for h, v in r["history"].items():
-        print(f"  claim with {int(h):>9,} finished jobs: {v['claim_ms']:.3f} ms "
-              f"({v['claim_ms_empty_queue']:.3f} ms on an empty queue)")
+    def ms(*path: str) -> str:
+        return claim_ms(r, *path) + " ms"
+
+    for h in r["history"]:
+        print(f"  claim with {int(h):>9,} finished jobs: {ms('history', h, 'claim_ms')} "
+              f"({ms('history', h, 'claim_ms_empty_queue')} on an empty queue)")
     nd, ex = r["not_due"], r["exhausted"]
     print(f"  claim behind {nd['scheduled']:,} scheduled, {nd['backoff']:,} in backoff: "
-          f"{nd['claim_ms']:.3f} ms ({nd['claim_ms_empty_queue']:.3f} ms on an empty queue)")
+          f"{ms('not_due', 'claim_ms')} ({ms('not_due', 'claim_ms_empty_queue')} on an empty "
+          "queue)")
     if "claim_ms" in ex:
-        print(f"  claim behind {ex['exhausted']:,} exhausted, unreaped: {ex['claim_ms']:.3f} ms "
-              f"({ex['claim_ms_empty_queue']:.3f} ms on an empty queue)")
+        print(f"  claim behind {ex['exhausted']:,} exhausted, unreaped: "
+              f"{ms('exhausted', 'claim_ms')} ({ms('exhausted', 'claim_ms_empty_queue')} on an "
+              "empty queue)")
     if b := r["claim_after_bulk"]:
-        print(f"  first claims after enqueue_many of {b['jobs']:,}: {b['claim_after_bulk_ms']:.3f} ms"
-              f" ({b['claim_after_bulk_buffers']} buffers), after retry --dead: "
-              f"{b['claim_after_retry_dead_ms']:.3f} ms ({b['claim_after_retry_dead_buffers']} "
-              f"buffers), against {b['claim_ms']:.3f} ms")
+        print(f"  first claims after enqueue_many of {b['jobs']:,}: "
+              f"{ms('bulk', 'claim_after_bulk_ms')} ({b['claim_after_bulk_buffers']} buffers), "
+              f"after retry --dead: {ms('bulk', 'claim_after_retry_dead_ms')} "
+              f"({b['claim_after_retry_dead_buffers']} buffers), against {b['claim_ms']:.3f} ms")
     w = r["wake"]
     print(f"  {w['workers']} idle workers: {w['transactions_per_job']:.1f} server transactions per "
           "job queued" + ("" if w.get("claims_per_job") is None else
@@ -797,7 +1003,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for name, v in r["idle_latency_ms"].items():
         print(f"  idle latency {name:12} median {v['median']:.1f} ms, p95 {v['p95']:.1f} ms")
     for name, v in r["ratios"].items():
-        print(f"  {name:32} {v:.2f}x")
+        print(f"  {name:32} {v:.2f}x" + ("" if len(rr := r["ratio_rounds"][name]) < 2 else
+                                         f"  ({min(rr):.2f}-{max(rr):.2f}x)"))
+    for line in target_lines(r):
+        print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=2)

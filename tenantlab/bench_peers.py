@@ -236,10 +236,15 @@ def installed(say: Callable[[str, Any], None]) -> list[str]:
     return out
 
 
-def drain(name: str, jobs: int) -> Rate:
+def drain(name: str, jobs: int, drained: Callable[[], None] | None = None) -> Rate:
     """Drain `jobs` no-op jobs with one peer in a fresh database; return jobs per second (and
-    the client's CPU ms per job)."""
+    the client's CPU ms per job). `drained` runs once the peer's sessions have ended, before
+    its database is dropped (the bench reads the server's counters there: a dropped database's
+    statistics go with it)."""
     if jobs < 2:
         raise ValueError("a peer's rate needs at least 2 jobs (first execution to last)")
     with db.scratch(f"bench_{name}") as s:
-        return dict(asyncio.run(PEERS[name][0](s.admin, jobs)))
+        rate = dict(asyncio.run(PEERS[name][0](s.admin, jobs)))
+        if drained is not None:
+            drained()
+        return rate

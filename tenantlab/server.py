@@ -279,6 +279,10 @@ class Server:
         # pg_ctl hands -o to a shell: the directory is quoted (a home with a space in its path).
         opts = (f"-c port={port} -c listen_addresses={self.listen} "
                 f"-c {shlex.quote(f'unix_socket_directories={self.run_dir}')}")
+        if (bins.parent / "lib" / "pg_stat_statements.so").exists():
+            # What `tenantlab bench` reads each row's statements from (bench_profile); loaded
+            # only, the extension is created by the bench and dropped after it.
+            opts += " -c shared_preload_libraries=pg_stat_statements"
         started = self._run([str(bins / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(self.data),
                              "-l", str(self.logfile), "-o", opts], user, check=False)
         if started.returncode != 0:

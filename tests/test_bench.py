@@ -31,7 +31,16 @@ def _check(rate: dict[str, float]) -> None:
 
 @pytest.mark.parametrize("name", ["procrastinate", "pgqueuer"])
 def test_a_peer_drains_its_jobs(admin_dsn: str, name: str) -> None:
-    _check(bench_peers.drain(name, JOBS))
+    # The bench reads the server's counters once the peer's sessions ended, in its database.
+    seen: list[int] = []
+
+    def drained() -> None:
+        with db.connect(admin_dsn, "test drained") as c:
+            seen.append(c.execute("select count(*) from pg_stat_activity where datname like"
+                                  " %s", (f"%bench_{name}%",)).fetchone()[0])
+
+    _check(bench_peers.drain(name, JOBS, drained))
+    assert seen == [0]
 
 
 def test_awa_drains_its_jobs_with_its_default_permits_and_with_one(admin_dsn: str) -> None:

@@ -50,6 +50,34 @@ select wal_sync from pg_stat_wal;
 -- name: bench_wal_flushes_io
 select coalesce(sum(fsyncs), 0) from pg_stat_io where object = 'wal';
 
+-- Run by tenantlab.bench_profile (admin) around each row: the transactions ended and the time
+-- sessions spent active (parse, plan, execute, commit with its WAL flush; ms) so far, in every
+-- database but the profiler's own (PostgreSQL 14+).
+-- name: bench_server_counts
+select sum(xact_commit + xact_rollback), sum(active_time)
+  from pg_stat_database where datname is distinct from current_database();
+
+-- Run by tenantlab.bench_profile: whether pg_stat_statements is there to read, and whether
+-- the server loads its library (then the profiler creates the extension, and drops it after).
+-- name: bench_statements_installed
+select exists (select from pg_extension where extname = 'pg_stat_statements');
+
+-- name: bench_preloaded
+select current_setting('shared_preload_libraries');
+
+-- name: bench_statements_create
+create extension if not exists pg_stat_statements;
+
+-- name: bench_statements_drop
+drop extension if exists pg_stat_statements;
+
+-- Run by tenantlab.bench_profile around each row: every statement's calls and execution time
+-- (ms) so far, per database and statement, but the profiler's own database.
+-- name: bench_statements_read
+select userid, dbid, queryid, toplevel, calls, total_exec_time
+  from pg_stat_statements(false)
+ where dbid <> (select oid from pg_database where datname = current_database());
+
 -- Run by tenantlab.bench after an idle-latency run: from a job's insert to its execution's
 -- start, in milliseconds (one server clock for both).
 -- name: bench_latency_ms
@@ -62,6 +90,18 @@ select extract(epoch from r.started - j.created) * 1000 as ms
 -- name: bench_span
 select count(*) as jobs, extract(epoch from max(finished) - min(started)) as seconds
   from job_runs where finished is not null;
+
+-- Run by tenantlab.bench after worker processes drained the queue: the same, from the moment
+-- the last worker started its first job (every worker running: their start-ups, a few hundred
+-- ms of CPU each on a machine of few cores, left out) to the last finish, and the jobs that
+-- started in it.
+-- name: bench_span_all_running
+with firsts as (select worker, min(started) as first from job_runs group by worker),
+     t0 as (select max(first) as t0 from firsts)
+select count(*) as jobs, extract(epoch from max(r.finished) - t0.t0) as seconds
+  from job_runs r, t0
+ where r.finished is not null and r.started >= t0.t0
+ group by t0.t0;
 
 -- Run by tenantlab.bench after a drain: when each execution finished, in seconds, in order
 -- (the first tenth of a run against its last: flat, or slowing down as history piles up).

@@ -216,13 +216,18 @@ returning id, tenant_id, attempts as attempt, kind, payload;
 -- them (priority, then age). Each queue is read as claim_leased reads one (its own index range,
 -- bounded), up to the batch each, then the first of them all are taken. The price of more than
 -- one queue: up to a batch per queue is locked for the statement, and only a batch updated.
+-- The queues are read through a scalar subquery on purpose: a bare unnest of the bound array is
+-- estimated at its real length in a custom plan and at 100 rows in the generic one, so
+-- PostgreSQL kept planning the claim afresh every time (0.14 ms per claim, measured with
+-- pg_stat_statements.track_planning); behind the subquery both estimate alike and the prepared
+-- claim keeps one generic plan.
 -- name: claim_leased_queues
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
  where id = any(array(
          select job.id
-           from unnest(%(queues)s::text[]) as served(queue)
+           from unnest((select %(queues)s::text[])) as served(queue)
           cross join lateral (
                 select c.id, c.priority, c.claimable_at from jobqueue.claimable c
                  where c.queue = served.queue and c.priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
@@ -241,7 +246,7 @@ update jobqueue.jobs
   from (select set_config('synchronous_commit', 'off', true)) as lossy
  where id = any(array(
          select job.id
-           from unnest(%(queues)s::text[]) as served(queue)
+           from unnest((select %(queues)s::text[])) as served(queue)
           cross join lateral (
                 select c.id, c.priority, c.claimable_at from jobqueue.claimable c
                  where c.queue = served.queue and c.priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
