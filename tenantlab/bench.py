@@ -41,11 +41,12 @@ from dataclasses import replace
 from typing import Any
 
 import psycopg
-from jobqueue import Leased, Worker, WorkerOptions, enqueue, enqueue_many
+from jobqueue import Handlers, Leased, Worker, WorkerOptions, enqueue, enqueue_many
 from jobqueue.options import Parser, count, number
 from jobqueue.queries import q as jq
 
 from . import bench_ceiling, bench_profile, db, kinds, queue
+from .bench_peers import Clock
 from .queries import q
 from .validate import output_file
 
@@ -173,16 +174,18 @@ def drain(s: db.Scratch, name: str, jobs: int, tenants: int = TENANTS) -> dict[s
                                  "payload": {"seconds": 0.0}} for i in range(jobs)])
         else:
             queue.enqueue(conn, "noop", count=jobs)
-    done = 0
     _mark("start")
     cpu, started = time.process_time(), time.perf_counter()
+    clock = Clock(jobs)
     if name in LOOPS:
-        done = Worker(s.worker, replace(LOOPS[name], name=f"bench-{name}"), kinds.handlers).run()
+        done = Worker(s.worker, replace(LOOPS[name], name=f"bench-{name}"), clocked(clock)).run()
     else:
+        done = 0
         d = DESIGNS[name]()
         with s.connect("worker", f"bench {name}", autocommit=True) as conn:
             while d.run_one(conn) is not None:
                 done += 1
+                clock.tick()  # a design's job ends with its run_one: first job's end to last
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     _mark("stop")
     if done != jobs:
@@ -191,7 +194,24 @@ def drain(s: db.Scratch, name: str, jobs: int, tenants: int = TENANTS) -> dict[s
         t = [r[0] for r in conn.execute(q("bench_finish_times")).fetchall()]
     tenth = max(2, len(t) // 10)
     drift = (t[tenth - 1] - t[0]) / max(t[-1] - t[-tenth], 1e-9)
-    return {"jobs_per_s": jobs / elapsed, "drift": drift, "cpu_ms_per_job": cpu * 1000 / jobs}
+    return {**clock.rate(), "drift": drift, **whole(jobs, elapsed, cpu)}
+
+
+def clocked(clock: Clock) -> Handlers:
+    """The no-op kind, ticking `clock` at each execution: a worker's rate from its first job's
+    execution to its last, start-up and shut-down left out, as the peers' (``Clock``)."""
+    handlers = Handlers()
+
+    @handlers.register("noop")
+    def noop(conn: psycopg.Connection, job: Any) -> None:
+        clock.tick()
+
+    return handlers
+
+
+def whole(jobs: int, elapsed: float, cpu: float) -> dict[str, float]:
+    """The same drain from the worker's start to its end (start-up and shut-down included)."""
+    return {"jobs_per_s_whole": jobs / elapsed, "cpu_ms_per_job_whole": cpu * 1000 / jobs}
 
 
 def cpu_seconds() -> float:
@@ -226,12 +246,13 @@ def drain_routing(s: db.Scratch, name: str, jobs: int) -> dict[str, float]:
                                  **shape(i)) for i in range(jobs)])
     _mark("start")
     cpu, started = time.process_time(), time.perf_counter()
-    done = Worker(s.worker, replace(options, name=f"bench-{name}"), kinds.handlers).run()
+    clock = Clock(jobs)
+    done = Worker(s.worker, replace(options, name=f"bench-{name}"), clocked(clock)).run()
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     _mark("stop")
     if done != jobs:
         raise RuntimeError(f"bench {name}: ran {done} of {jobs} jobs")
-    return {"jobs_per_s": jobs / elapsed, "cpu_ms_per_job": cpu * 1000 / jobs}
+    return {**clock.rate(), **whole(jobs, elapsed, cpu)}
 
 
 def enqueue_rates(s: db.Scratch, jobs: int) -> dict[str, float]:
@@ -618,6 +639,7 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
             runs: dict[str, list[float]] = {name: [] for name in names}
             prof: dict[str, list[dict[str, float | None]]] = {}
             claim_rounds: list[dict[str, Any]] = []
+            whole_runs: dict[str, list[float]] = {}
 
             def measure(name: str, n: int, rate: Callable[..., Any], *args: Any) -> None:
                 # The server's counters between the two readings (every session, every
@@ -641,6 +663,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
                     serial=not name.startswith("workers_")))
                 if "drift" in r:
                     drift.setdefault(name, []).append(r["drift"])
+                if "jobs_per_s_whole" in r:
+                    whole_runs.setdefault(name, []).append(r["jobs_per_s_whole"])
                 say(name, runs[name][-1])
 
             # One round is every measurement once, in turn: a machine that is busier in one
@@ -736,6 +760,10 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         # wake-up per job; before the wake chain every idle worker woke and claimed)
         "wake": wake,
         "scaling": scaling,
+        # the worker and design rows from the worker's start to its end, start-up and
+        # shut-down included (results: from the first job's execution to the last, as the
+        # peers'), median over the rounds
+        "jobs_per_s_whole": {k: round(statistics.median(v), 1) for k, v in whole_runs.items()},
         # a run's last tenth's rate over its first's: 1.0 = flat while finished jobs pile up
         "drift": {k: round(statistics.median(v), 3) for k, v in drift.items()},
         # the median over the rounds of each round's ratio (ratio_rounds: each round's)

@@ -24,12 +24,14 @@ from typing import Any
 from . import db
 
 
-class _Clock:
+class Clock:
     """Time a drain from its first job's execution to its last.
 
-    Start-up (awa's leader election and first poll, PgQueuer's first dequeue) and shut-down
-    (PgQueuer's drain waits out its buffer timeouts) are left out: the rate is the peer's
-    steady state, the same for all of them, never less than from the worker's start.
+    Start-up (awa's leader election and first poll, PgQueuer's first dequeue, jobqueue's
+    preflight) and shut-down (PgQueuer's drain waits out its buffer timeouts, jobqueue's last
+    commit) are left out: the rate is each queue's steady state, the same clock for every row
+    that runs a worker (``bench.drain`` times jobqueue's with it too), never less than from the
+    worker's start.
     """
 
     def __init__(self, jobs: int) -> None:
@@ -67,7 +69,7 @@ async def _procrastinate(dsn: str, jobs: int) -> Rate:
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
 
-    seen = _Clock(jobs)
+    seen = Clock(jobs)
 
     @app.task(name="noop")
     async def noop() -> None:
@@ -89,7 +91,7 @@ async def _pgqueuer_drain(driver: Any, jobs: int) -> Rate:
     queries = Queries(driver)
     await queries.install()
     qm = QueueManager(queries)
-    seen = _Clock(jobs)
+    seen = Clock(jobs)
 
     @qm.entrypoint("noop")
     async def noop(job: Any) -> None:
@@ -138,7 +140,7 @@ async def _awa(dsn: str, jobs: int, permits: int | None) -> Rate:
         # What start() does on a fresh install (queue storage, awa 0.6's engine), done before
         # the jobs go in so that they are enqueued the fast way (COPY) and not while it runs.
         await client.install_queue_storage()
-        seen = _Clock(jobs)
+        seen = Clock(jobs)
 
         @client.task(Noop)
         async def noop(job: Any) -> None:

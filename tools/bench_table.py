@@ -124,9 +124,12 @@ def table(r: dict[str, Any]) -> str:
     lines = [f"Measured by `tenantlab bench` on PostgreSQL {r['server_version']} (fsync "
              f"{s.get('fsync', '?')}, synchronous_commit {s.get('synchronous_commit', '?')}), "
              f"{r['jobs']:,} no-op jobs, one worker, median of {r['rounds']} rounds (min-max: "
-             "the rounds alternate the rows); WAL flushes "
+             "the rounds alternate the rows); jobs/s from each worker's first job's execution "
+             "to its last (start-up and shut-down left out, ours as the peers'; "
+             "`jobs_per_s_whole` in the JSON: from the worker's start to its end), WAL flushes "
              "per job counted by the server (`pg_stat_wal`) during each row, the client's CPU "
-             "per job by the process that ran it (worker processes: their whole lives):", "",
+             "per job by the process that ran it over the same span (worker processes: their "
+             "whole lives):", "",
              "| what | jobs/s | WAL flushes per job | client CPU ms per job | durability | "
              "of the ceiling (one / batch) |",
              "|---|---|---|---|---|---|"]
