@@ -558,10 +558,16 @@ with recursive tenants as (
    where tenants.tenant_id is not null
 ), recent as (
   -- The newest jobs: their ids looked up together, one descent of the primary key (never a scan).
-  select distinct j.tenant_id from jobqueue.jobs j
-   where j.id = any(array(select generate_series(m.id - %(window)s + 1, m.id)
-                            from (select max(id) as id from jobqueue.jobs) as m))
-     and j.status in ('queued', 'running') and j.attempts < j.max_attempts
+  -- Whether each has work is read in the select list, not the WHERE clause: a WHERE that named
+  -- the claimable jobs' predicate let the planner, with statistics older than the queue (jobs
+  -- never analyzed since a bulk enqueue), read jobs_claimable whole for these ids instead.
+  select distinct w.tenant_id
+    from (select case when j.status in ('queued', 'running') and j.attempts < j.max_attempts
+                      then j.tenant_id end as tenant_id
+            from jobqueue.jobs j
+           where j.id = any(array(select generate_series(m.id - %(window)s + 1, m.id)
+                                    from (select max(id) as id from jobqueue.jobs) as m))) as w
+   where w.tenant_id is not null
 ), fresh as (
   -- Found with work, and not in the walk (no turn, or an idle one).
   select found.tenant_id
