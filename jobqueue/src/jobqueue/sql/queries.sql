@@ -645,13 +645,16 @@ with recursive tenants as (
     from tenants
    where tenants.tenant_id is not null
 ), recent as (
-  -- The newest jobs, one primary-key lookup each (a correlated subquery: never a scan).
+  -- The newest jobs: their ids looked up together, one descent of the primary key (never a scan).
+  -- Whether each has work is read in the select list, not the WHERE clause: a WHERE that named
+  -- the claimable jobs' predicate let the planner, with statistics older than the queue (jobs
+  -- never analyzed since a bulk enqueue), read jobs_claimable whole for these ids instead.
   select distinct w.tenant_id
-    from (select (select j.tenant_id from jobqueue.jobs j
-                   where j.id = g.id and j.status in ('queued', 'running')
-                     and j.attempts < j.max_attempts) as tenant_id
-            from generate_series((select max(id) from jobqueue.jobs) - %(window)s + 1,
-                                 (select max(id) from jobqueue.jobs)) as g(id)) as w
+    from (select case when j.status in ('queued', 'running') and j.attempts < j.max_attempts
+                      then j.tenant_id end as tenant_id
+            from jobqueue.jobs j
+           where j.id = any(array(select generate_series(m.id - %(window)s + 1, m.id)
+                                    from (select max(id) as id from jobqueue.jobs) as m))) as w
    where w.tenant_id is not null
 ), fresh as (
   -- Found with work, and not in the walk (no turn, or an idle one).
@@ -734,6 +737,9 @@ returning id, tenant_id, attempts as attempt, kind, payload;
 -- A soft limit: two claims at the same moment can both see N-1 and both take one (N+1), and a
 -- batch can take several jobs of a tenant below N. It helps only with more workers than N; the
 -- walk passes the busy tenants' claimable jobs (the noisy backlog) before it finds another's.
+-- The queues and the batch are read through `(select ...)`: a fresh plan, which sees one queue and
+-- a batch of 1, looked 5 times cheaper than the generic one (which guesses 10 queues and a tenth
+-- of the rows), so PostgreSQL planned every claim again (0.26 ms a claim, 0.07 with the plan kept).
 -- name: claim_limit
 with busy as (
   select tenant_id from jobqueue.jobs
@@ -746,16 +752,16 @@ update jobqueue.jobs
        locked_until = clock_timestamp() + make_interval(secs => %(lease)s)
  where id = any(array(
          select job.id
-           from unnest(%(queues)s::text[]) as served(queue)
+           from unnest((select %(queues)s::text[])) as served(queue)
           cross join lateral (
                 select c.id, c.priority, c.claimable_at from jobqueue.claimable c
                  where c.queue = served.queue and c.priority = any('{10,9,8,7,6,5,4,3,2,1,0,-1,-2,-3,-4,-5,-6,-7,-8,-9,-10}'::smallint[])
                    and c.kind = any(%(kinds)s::text[])
                    and c.tenant_id not in (select tenant_id from busy)
-                 order by c.priority desc, c.claimable_at, c.id limit %(batch)s
+                 order by c.priority desc, c.claimable_at, c.id limit (select %(batch)s::int)
                  for update skip locked) as job
           order by job.priority desc, job.claimable_at, job.id
-          limit %(batch)s))
+          limit (select %(batch)s::int)))
 returning id, tenant_id, attempts as attempt, kind, payload;
 
 -- ---------------------------------------------------------------------------------------------
