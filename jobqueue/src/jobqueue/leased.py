@@ -579,6 +579,12 @@ class Leased:
         # Committed: now it happened, and the events say so (in the claims' order).
         order = {c.id: i for i, c in enumerate(claims)}
         results.sort(key=lambda r: order[r[0].id])
+        return self._committed(conn, claims, results, errors, claimed)
+
+    def _committed(self, conn: psycopg.Connection, claims: list[Claim],
+                   results: list[tuple[Claim, Outcome]], errors: dict[int, BaseException],
+                   claimed: list[Claim]) -> list[Outcome]:
+        """After a batch's commit: its events, its hooks, and the jobs it claimed."""
         for c, o in results:
             ev = c.events
             if o.status == "done":
@@ -590,12 +596,12 @@ class Leased:
                 ev.emit("fail", job=c.id, attempt=c.attempt, error=o.error, counted=True)
                 if o.status == "dead":
                     ev.emit("dead", job=c.id, attempt=c.attempt)
-        if hooks is not NO_HOOKS:
+        if self.hooks is not NO_HOOKS:
             for c, o in results:
                 if c.id in errors:
-                    on_failure(hooks, c, o, errors[c.id])
+                    on_failure(self.hooks, c, o, errors[c.id])
                 else:
-                    after_finish(hooks, c, o)
+                    after_finish(self.hooks, c, o)
         if claims:
             self._claimed(conn, claimed, claims[-1].worker, claims[-1].events)
             results[-1][1].claimed = claimed
@@ -678,26 +684,7 @@ class Leased:
                         claim_cur.execute(*self.claim_query(more, chained=True)).fetchall(),
                         key=lambda c: c.id)
         # Committed: now it happened, and the events say so.
-        for c, o in results:
-            ev = c.events
-            if o.status == "done":
-                ev.emit("finish", job=c.id, attempt=c.attempt, result=o.result)
-                logs.done(c)
-            elif o.status == "fenced":
-                ev.emit("fenced", job=c.id, attempt=c.attempt, step="complete")
-            else:
-                ev.emit("fail", job=c.id, attempt=c.attempt, error=o.error, counted=True)
-                if o.status == "dead":
-                    ev.emit("dead", job=c.id, attempt=c.attempt)
-        for c, o in results:
-            if c.id in errors:
-                on_failure(self.hooks, c, o, errors[c.id])
-            else:
-                after_finish(self.hooks, c, o)
-        if claims:
-            self._claimed(conn, claimed, claims[-1].worker, claims[-1].events)
-            results[-1][1].claimed = claimed
-        return [o for _, o in results]
+        return self._committed(conn, claims, results, errors, claimed)
 
     def close(self) -> None:
         """Stop the heartbeat's thread and close its connection."""
