@@ -330,6 +330,30 @@ def test_a_batch_in_one_commit_keeps_a_handlers_own_mischief_to_its_job(conn) ->
     assert conn.execute("select count(*) from jobqueue.jobs where tenant_id = 77").fetchone() == (1,)
 
 
+def test_a_batch_in_one_commit_refuses_a_handlers_commit_and_fails_only_its_job(conn) -> None:
+    # The batch sends BEGIN and COMMIT itself (psycopg's transaction() would refuse a commit()).
+    # A handler that calls conn.commit() fails alone, its write rolled back; before, the jobs
+    # before it were committed unfinished and the whole batch raised (every job rerun).
+    def writes(tenant: int) -> Any:
+        return lambda c, job: enqueue(c, "who", tenant=tenant)
+
+    def commits(c: psycopg.Connection, job: Claim) -> None:
+        enqueue(c, "who", tenant=78)
+        c.commit()
+
+    before, = many(conn, "w77", 1)
+    committer, = many(conn, "commit", 2, max_attempts=1)
+    after, = many(conn, "w79", 3)
+    leased = Leased(Handlers({"w77": writes(77), "commit": commits, "w79": writes(79)}),
+                    lease=30, heartbeat=None)
+    outcomes = leased.run_together(conn, leased.claim_many(conn, 3))
+    assert [(o.claim.id, o.status) for o in outcomes] == [
+        (before, "done"), (committer, "dead"), (after, "done")]
+    assert "may not commit" in (outcomes[1].error or "")
+    assert conn.execute("select tenant_id::bigint from jobqueue.jobs where kind = 'who' "
+                        "order by 1").fetchall() == [(77,), (79,)]
+
+
 def test_the_watchdog_fails_a_job_of_a_locked_batch_without_waiting_for_it(conn) -> None:
     # A job past its maximum runtime in a --batch-commit batch: the heartbeat cannot fail it (the
     # batch holds its row) and does not wait; the batch fails it when its handler returns.

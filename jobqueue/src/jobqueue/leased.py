@@ -509,7 +509,8 @@ class Leased:
                     if before_start is not None:
                         before_start(c)
                     if not c.cancel_seen:
-                        result = call_handler(fn, conn, c)
+                        with _no_commit(conn):
+                            result = call_handler(fn, conn, c)
                     if conn.info.transaction_status == INERROR:
                         # A statement of its handler failed and the handler went on: its own
                         # error (the next job's statements would meet the aborted transaction).
@@ -795,6 +796,28 @@ class _Preamble:
 
     def off(self) -> None:
         self.conn.__dict__.pop("wait", None)
+
+
+@contextmanager
+def _no_commit(conn: psycopg.Connection) -> Iterator[None]:
+    """Forbid ``conn.commit()`` and ``conn.rollback()`` while a batch's handler runs.
+
+    The batch sends BEGIN and COMMIT itself, outside psycopg's ``transaction()``, where psycopg
+    would refuse them: a handler's ``commit()`` would commit the jobs before it, unfinished, and
+    end the batch. It raises ``ProgrammingError`` instead, as psycopg does inside
+    ``transaction()``: that job fails, alone, and the batch goes on.
+    """
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise psycopg.ProgrammingError(
+            "a handler may not commit or roll back: the worker ends the work's transaction "
+            "(raise to fail the job; conn.transaction() for a savepoint of its own)")
+
+    conn.commit = conn.rollback = refuse  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        conn.__dict__.pop("commit", None)
+        conn.__dict__.pop("rollback", None)
 
 
 class Overdue(JobQueueError):
