@@ -522,7 +522,6 @@ class Leased:
                         # this batch holds locked; the batch fails it here, counted.
                         raise Overdue(f"job {c.id} ran longer than its maximum runtime at "
                                       f"attempt {c.attempt} on {c.worker}: failed by the watchdog")
-                    pre.off()
                     ok.append((c, result))
                     if at is not None:
                         ended[c.id] = at + timedelta(seconds=time.monotonic() - since)
@@ -534,7 +533,6 @@ class Leased:
                         raise
                     # The job's own error: the connection is fine. Back to its savepoint, if
                     # its handler sent anything (else there is nothing to undo).
-                    conn.cursor_factory = before
                     if pre.sent:
                         cur.execute(q("rollback_job"))
                     text = error_detail(e)

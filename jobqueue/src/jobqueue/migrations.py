@@ -115,8 +115,8 @@ def _migrate_once(conn: psycopg.Connection, tenant_type: str | None,
             while (online := _apply_in_transaction(conn, tenant_type, lock_timeout,
                                                    applied)) is not None:
                 version, name, statements = online
+                _drop_invalid_indexes(conn)
                 for statement in statements:
-                    _drop_invalid_index(conn, statement)
                     conn.execute(statement)  # type: ignore[arg-type,unused-ignore]  # our own file
                 with conn.transaction():
                     conn.execute(q("migration_record"), {"version": version, "name": name})
@@ -179,7 +179,7 @@ def online_statements(text: str) -> list[str] | None:
     ``create index`` holds a lock that stops every write to the table for as long as the build
     takes). Each statement must be safe to run again (``if not exists``, ``if exists``): a
     migrate stopped half way runs the whole file again; an index a stopped build left invalid is
-    dropped first (``_drop_invalid_index``). Statements are split at ``;`` (our own files).
+    dropped first (``_drop_invalid_indexes``). Statements are split at ``;`` (our own files).
     """
     lines = text.splitlines()
     if ONLINE not in (line.strip() for line in lines):
@@ -188,19 +188,15 @@ def online_statements(text: str) -> list[str] | None:
     return [s.strip() for s in body.split(";") if s.strip()]
 
 
-_CONCURRENT_INDEX = re.compile(
-    r"create\s+(?:unique\s+)?index\s+concurrently\s+if\s+not\s+exists\s+(\w+)", re.I)
-
-
-def _drop_invalid_index(conn: psycopg.Connection, statement: str) -> None:
-    """Before ``create index concurrently if not exists NAME``: drop NAME if a build that was
-    stopped (a cancel, a lost connection) left it invalid; ``if not exists`` would keep it."""
-    m = _CONCURRENT_INDEX.search(statement)
-    if m and conn.execute(q("invalid_index"), {"name": m.group(1)}).fetchone():
+def _drop_invalid_indexes(conn: psycopg.Connection) -> None:
+    """Before an online migration: drop the indexes of jobqueue that a stopped build (a cancel,
+    a lost connection) left invalid; ``create index concurrently if not exists`` would keep
+    them. Only migrate builds indexes there, under its lock: none is being built now."""
+    for (name,) in conn.execute(q("invalid_indexes")).fetchall():
         log.warning("migrate: index %s was left invalid by a build that stopped: building it "
-                    "again", m.group(1))
+                    "again", name)
         conn.execute(sql.SQL("drop index concurrently if exists jobqueue.{}").format(
-            sql.Identifier(m.group(1))))
+            sql.Identifier(name)))
 
 
 def check(conn: psycopg.Connection, uses: tuple[str, ...] = ()) -> None:

@@ -526,10 +526,12 @@ select pg_advisory_lock(hashtext('jobqueue migrate'));
 -- name: migrate_session_unlock
 select pg_advisory_unlock(hashtext('jobqueue migrate'));
 
--- Run by migrate before an online migration builds an index: one a stopped build left invalid.
--- name: invalid_index
-select 1 from pg_index i join pg_class c on c.oid = i.indexrelid
- where c.relnamespace = 'jobqueue'::regnamespace and c.relname = %(name)s and not i.indisvalid;
+-- Run by migrate before an online migration builds its indexes: those a stopped build left
+-- invalid.
+-- name: invalid_indexes
+select c.relname from pg_index i join pg_class c on c.oid = i.indexrelid
+ where c.relnamespace = 'jobqueue'::regnamespace and not i.indisvalid
+ order by 1;
 
 -- name: migrate_lock_timeout
 select set_config('lock_timeout', %(ms)s, true);
