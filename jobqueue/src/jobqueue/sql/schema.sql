@@ -51,9 +51,12 @@ create table jobqueue.jobs (
 -- What the claim reads, in the claim's order: only jobs a claim could take some day. Finished
 -- jobs and exhausted ones (attempts spent, waiting for the reaper) are not in it. Per queue and
 -- priority (the claim names both: every priority, in order), jobs scheduled or backing off sort
--- after the ready ones, so the claim stops before it reaches them.
+-- after the ready ones, so the claim stops before it reaches them. Its predicate names the kind
+-- (always not null) so that only a claim that names the worker's kinds can use it: round-robin's
+-- tenant lookups, whatever the statistics say, read jobs_claimable_by_tenant in tenant order
+-- (0005).
 create index jobs_claimable on jobqueue.jobs (queue, priority desc, claimable_at, id, kind)
-  where status in ('queued', 'running') and attempts < max_attempts;
+  where status in ('queued', 'running') and attempts < max_attempts and kind is not null;
 
 -- What the reaper and the per-tenant limit read: running jobs by lease expiry (one per busy
 -- worker slot).
