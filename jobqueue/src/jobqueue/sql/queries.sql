@@ -817,11 +817,14 @@ select case grouping(kind, tenant_id) when 3 then 'status' when 1 then 'kind' el
 
 -- Run by `stats`: how long the oldest queued job has waited since it could run (its run_after:
 -- a scheduled or backing-off job waits from then), in seconds; null when none waits. Reads
--- jobs_claimable in claim order: it stops at the first queued row.
+-- jobs_claimable (the claimable jobs only, not the finished ones): `length(kind) >= 0`, always
+-- true, proves its predicate's `kind is not null` (0005; PostgreSQL 17 drops a written `kind
+-- is not null` on a not-null column before it tries the proof).
 -- name: stats_oldest_queued
 select extract(epoch from clock_timestamp() - min(claimable_at))::float8 as oldest_queued_s
   from jobqueue.jobs
- where status = 'queued' and attempts < max_attempts and claimable_at <= clock_timestamp();
+ where status = 'queued' and attempts < max_attempts and claimable_at <= clock_timestamp()
+   and length(kind) >= 0;
 
 -- Run by `stats`: the kinds of queued jobs that no running worker serves (a worker whose row
 -- expired is not running), and the workers that are.
