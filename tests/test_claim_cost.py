@@ -139,5 +139,6 @@ def test_the_first_claims_after_a_bulk_operation_read_tens_of_buffers(scratch: d
     from tenantlab import bench
 
     got = bench.claim_after_bulk(scratch, jobs=20_000, samples=2)
+    print(f"\n{got}")
     assert got["claim_after_bulk_buffers"] < BOUND, got
     assert got["claim_after_retry_dead_buffers"] < BOUND, got

@@ -61,6 +61,14 @@ with job as (
 )
 select job.id, null::text from job, notified;
 
+-- Run by enqueue_many (and its async twin) after a batch of BULK_ANALYZE jobs or more, and by
+-- retry_dead after as many: the statistics of jobqueue.jobs made afresh when the batch
+-- outweighs what they know of (migration 0005), so that every session's kept plans are made
+-- again with the table's real size, not a minute later by autoanalyze. In the caller's
+-- transaction: its own new rows count.
+-- name: analyze_after_bulk
+select jobqueue.analyze_after_bulk(%(jobs)s);
+
 -- Run by jobqueue.enqueue_many when a job has a unique key: the same insert, skipping each
 -- job whose key a live job (or an earlier job of the same call) holds. Returns the rows
 -- inserted with their keys; the caller looks the skipped keys up (unique_ids).
