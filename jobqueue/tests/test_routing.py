@@ -283,6 +283,17 @@ def test_a_bulk_analyze_never_waits_and_skips_small_bulks(scratch: Scratch) -> N
         assert reltuples() == 3 * BULK_ANALYZE - 1
 
 
+def test_a_bulk_on_a_schema_before_0005_queues_its_jobs(scratch: Scratch) -> None:
+    """An application upgraded before `migrate`: no analyze_after_bulk; the bulk still queues
+    every job, in the caller's transaction too (the call fails in a savepoint of its own)."""
+    with scratch.connect("owner", "test bulk owner", autocommit=True) as owner:
+        owner.execute("drop function jobqueue.analyze_after_bulk(bigint)")
+    with scratch.connect("worker", "test bulk app") as app:
+        ids = enqueue_many(app, [{"kind": "noop", "tenant": 1}] * BULK_ANALYZE)
+        app.commit()
+        assert app.execute("select count(*) from jobqueue.jobs").fetchone() == (len(ids),)
+
+
 def test_async_enqueue_on_an_async_connection(scratch: Scratch) -> None:
     async def main() -> tuple[int, list[int], int]:
         async with await psycopg.AsyncConnection.connect(scratch.worker, autocommit=True) as a:

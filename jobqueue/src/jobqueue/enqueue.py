@@ -180,6 +180,20 @@ def _sync(conn: Any, name: str) -> None:
 #: kept plan little.
 BULK_ANALYZE = 1000
 
+
+def analyze_after_bulk(conn: psycopg.Connection, jobs: int) -> None:
+    """Ask for fresh statistics after a bulk of `jobs` (``jobqueue.analyze_after_bulk``).
+
+    In a savepoint of the caller's transaction (or a transaction of its own): on a schema from
+    before migration 0005 (an application upgraded before ``migrate``) the function is missing,
+    and the bulk must not fail for it: the plans then wait for autoanalyze, as before.
+    """
+    try:
+        with conn.transaction():
+            conn.execute(q("analyze_after_bulk"), {"jobs": jobs})
+    except psycopg.errors.UndefinedFunction:
+        pass
+
 def _many(jobs: Iterable[Job | Mapping[str, Any]],
           known: Container[str] | None) -> tuple[list[Job], str, dict[str, Any]]:
     batch = [_check(_job(j), known) for j in jobs]
@@ -237,7 +251,7 @@ def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Job | Mapping[str, Any
         return []
     rows = conn.execute(query, params).fetchall()  # type: ignore[arg-type,unused-ignore]
     if len(batch) >= BULK_ANALYZE:
-        conn.execute(q("analyze_after_bulk"), {"jobs": len(batch)})
+        analyze_after_bulk(conn, len(batch))
     ids, missing = _ids(batch, rows)
     if missing:
         found = dict((k, i) for i, k in conn.execute(q("unique_ids"), {"keys": missing}))
@@ -262,7 +276,11 @@ async def enqueue_many_async(conn: psycopg.AsyncConnection,
     cur = await conn.execute(query, params)  # type: ignore[arg-type,unused-ignore]
     ids, missing = _ids(batch, await cur.fetchall())
     if len(batch) >= BULK_ANALYZE:
-        await conn.execute(q("analyze_after_bulk"), {"jobs": len(batch)})
+        try:
+            async with conn.transaction():
+                await conn.execute(q("analyze_after_bulk"), {"jobs": len(batch)})
+        except psycopg.errors.UndefinedFunction:
+            pass  # a schema from before migration 0005 (see analyze_after_bulk)
     if missing:
         cur = await conn.execute(q("unique_ids"), {"keys": missing})
         found = dict((k, i) for i, k in await cur.fetchall())

@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .enqueue import BULK_ANALYZE
+from .enqueue import BULK_ANALYZE, analyze_after_bulk
 from .jobs import ConfigError, JobQueueError
 from .queries import q
 
@@ -150,7 +150,7 @@ def retry_dead(conn: psycopg.Connection, *, kind: str | None = None, tenant: str
                     raise
         if len(rows) >= BULK_ANALYZE:
             # As enqueue_many: the workers' kept plans made again with the queue's real size.
-            cur.execute(q("analyze_after_bulk"), {"jobs": len(rows)})
+            analyze_after_bulk(conn, len(rows))
         if skipped is not None:
             skipped.extend(cur.execute(q("retry_dead_skipped"), params).fetchall())
     for r in rows:
