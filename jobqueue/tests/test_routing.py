@@ -261,6 +261,33 @@ def test_a_bulk_operation_remakes_the_plans_a_running_worker_kept(scratch: Scrat
         assert _kept_claim_buffers(conn, leased) < 50
 
 
+def test_after_a_bulk_the_claim_goes_back_to_its_kept_plan(scratch: Scratch) -> None:
+    """Once the queue is large and analyzed, PostgreSQL costs a generic plan's `limit $n` at a
+    tenth of the rows: the claim was planned afresh at every claim (40 plans in 40 claims
+    after 5,000 queued). With the batch size written in, it keeps a generic plan again."""
+    leased = Leased(NOOP, heartbeat=None)
+    with scratch.connect("worker", "test bulk worker", autocommit=True) as conn, \
+            scratch.connect("worker", "test bulk app", autocommit=True) as app:
+        def plans() -> tuple[int, int]:
+            row = conn.execute("select generic_plans, custom_plans from pg_prepared_statements"
+                               " where statement like 'update jobqueue.jobs%%claimable%%'"
+                               ).fetchone()
+            assert row is not None, "the worker's claim is not prepared"
+            return int(row[0]), int(row[1])
+        enqueue_many(app, [{"kind": "noop", "tenant": 1}] * 20)
+        for _ in range(20):
+            claim = leased.claim(conn)
+            assert claim is not None
+            leased.run_claimed(conn, claim)
+        enqueue_many(app, [{"kind": "noop", "tenant": 1 + i % 100} for i in range(5000)])
+        generic, custom = plans()
+        for _ in range(40):
+            claim = leased.claim(conn)
+            assert claim is not None
+            leased.run_claimed(conn, claim)
+        assert plans()[0] > generic, (plans(), generic, custom)
+
+
 def test_a_bulk_analyze_never_waits_and_skips_small_bulks(scratch: Scratch) -> None:
     """analyze_after_bulk does nothing below BULK_ANALYZE jobs, nor while another session holds
     the table's analyze lock (autovacuum, another bulk): it never makes an enqueue wait."""
