@@ -190,7 +190,9 @@ select pg_is_in_recovery() as standby,
 -- update by primary key: a plan that stays the same whatever the table's estimates (with `id
 -- in (...)` the planner, misled by exhausted rows it cannot tell apart, re-planned every claim
 -- at several times the cost). A worker serving one queue (the default) uses this claim; one
--- serving several, claim_leased_queues.
+-- serving several, claim_leased_queues. Leased.claim_query writes the batch size in (a number,
+-- not a parameter, in the four claim_leased statements): PostgreSQL costs a kept generic plan's
+-- `limit $n` as a tenth of the rows, so with a large analyzed queue it planned every claim afresh.
 -- name: claim_leased
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,
