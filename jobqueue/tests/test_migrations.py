@@ -32,6 +32,10 @@ select 'view', c.oid::regclass::text, pg_get_viewdef(c.oid) || array_to_string(c
 union all
 select 'type', t.typname, format_type(t.typbasetype, t.typtypmod)
   from pg_type t where t.typnamespace = 'jobqueue'::regnamespace and t.typtype = 'd'
+union all
+select 'function', p.oid::regprocedure::text,
+       pg_get_functiondef(p.oid) || coalesce(array_to_string(p.proacl, ','), 'default')
+  from pg_proc p where p.pronamespace = 'jobqueue'::regnamespace
 order by 1, 2
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import HERE, Scratch
+from psycopg import sql
 
 from jobqueue import (
     ConfigError,
@@ -30,6 +32,8 @@ from jobqueue import (
     enqueue_many,
     enqueue_many_async,
 )
+from jobqueue.enqueue import BULK_ANALYZE
+from jobqueue.ops import retry_dead
 from jobqueue.periodic import Periodic
 from jobqueue.queries import q
 
@@ -209,6 +213,128 @@ def test_enqueue_many_queues_every_job_in_one_statement_in_order(conn) -> None:
     assert rows[ids[1002]][-1] and rows[ids[1003]][-1]
     assert enqueue_many(conn, [{"kind": "noop", "tenant": 1, "unique_key": "once"}]) == [ids[1000]]
     assert enqueue_many(conn, []) == []
+
+
+def _kept_claim_buffers(conn: psycopg.Connection, leased: Leased) -> int:
+    """Claim once through the worker's prepared claim, on the plan PostgreSQL keeps for it
+    (EXPLAIN ANALYZE EXECUTE; committed: its job stays leased); return the buffers it read."""
+    query, params = leased.claim_query(1)
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
+    text = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", query)
+    row = conn.execute("select name from pg_prepared_statements where statement = %s", (text,),
+                       prepare=False).fetchone()
+    assert row is not None, "the worker's claim is not prepared"
+    args = ", ".join(f"%({n})s" for n in names)
+    (doc,), = psycopg.ClientCursor(conn).execute(
+        f"explain (analyze, buffers, format json) execute {row[0]}({args})", params).fetchall()
+    plan = (doc if isinstance(doc, list) else json.loads(doc))[0]["Plan"]
+    return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
+
+
+@pytest.mark.parametrize("bulk", ["enqueue_many", "retry_dead"])
+def test_a_bulk_operation_remakes_the_plans_a_running_worker_kept(scratch: Scratch,
+                                                                  bulk: str) -> None:
+    """Issue 32, item 4: a worker running while the queue held a few jobs keeps a generic plan
+    for its prepared claim, made with that size: a seq scan of every job. After a bulk of 5,000
+    its claim read 173 buffers (3,097 after 100,000: about 40 ms a claim) until autoanalyze.
+    The bulk operation analyzes the table: the kept plans are made again, tens of buffers.
+    (After retry --dead the plans were made with the dead jobs in the table: index scans
+    already, 21 buffers before the fix too; kept as a guard.)"""
+    leased = Leased(NOOP, heartbeat=None)
+    with scratch.connect("admin", "test bulk", autocommit=True) as admin, \
+            scratch.connect("worker", "test bulk worker", autocommit=True) as conn, \
+            scratch.connect("worker", "test bulk app", autocommit=True) as app:
+        if bulk == "retry_dead":
+            admin.execute("insert into jobqueue.jobs (tenant_id, kind, status, attempts, "
+                          "max_attempts, finished) select g % 100, 'noop', 'dead', 3, 3, now() "
+                          "from generate_series(1, 5000) g")
+        admin.execute("analyze jobqueue.jobs")  # the statistics from before the bulk
+        enqueue_many(app, [{"kind": "noop", "tenant": 1}] * 20)
+        for _ in range(20):  # prepared at the 5th, its generic plan kept from the 11th on
+            claim = leased.claim(conn)
+            assert claim is not None
+            leased.run_claimed(conn, claim)
+        assert leased.claim(conn) is None
+        if bulk == "enqueue_many":
+            enqueue_many(app, [{"kind": "noop", "tenant": 1 + i % 100} for i in range(5000)])
+        else:
+            assert len(retry_dead(app)) == 5000
+        assert _kept_claim_buffers(conn, leased) < 50
+
+
+def test_after_a_bulk_the_claim_goes_back_to_its_kept_plan(scratch: Scratch) -> None:
+    """Once the queue is large and analyzed, PostgreSQL costs a generic plan's `limit $n` at a
+    tenth of the rows: the claim was planned afresh at every claim (40 plans in 40 claims
+    after 5,000 queued). With the batch size written in, it keeps a generic plan again."""
+    leased = Leased(NOOP, heartbeat=None)
+    with scratch.connect("worker", "test bulk worker", autocommit=True) as conn, \
+            scratch.connect("worker", "test bulk app", autocommit=True) as app:
+        def plans() -> tuple[int, int]:
+            row = conn.execute("select generic_plans, custom_plans from pg_prepared_statements"
+                               " where statement like 'update jobqueue.jobs%%claimable%%'"
+                               ).fetchone()
+            assert row is not None, "the worker's claim is not prepared"
+            return int(row[0]), int(row[1])
+        enqueue_many(app, [{"kind": "noop", "tenant": 1}] * 20)
+        for _ in range(20):
+            claim = leased.claim(conn)
+            assert claim is not None
+            leased.run_claimed(conn, claim)
+        enqueue_many(app, [{"kind": "noop", "tenant": 1 + i % 100} for i in range(5000)])
+        generic, custom = plans()
+        for _ in range(40):
+            claim = leased.claim(conn)
+            assert claim is not None
+            leased.run_claimed(conn, claim)
+        assert plans()[0] > generic, (plans(), generic, custom)
+
+
+def test_a_bulk_analyze_never_waits_and_skips_small_bulks(scratch: Scratch) -> None:
+    """analyze_after_bulk does nothing below BULK_ANALYZE jobs, nor while another session holds
+    the table's analyze lock (autovacuum, another bulk): it never makes an enqueue wait."""
+    with scratch.connect("admin", "test bulk", autocommit=True) as admin, \
+            scratch.connect("worker", "test bulk app", autocommit=True) as app:
+        def reltuples() -> float:
+            row = admin.execute("select reltuples from pg_class "
+                                "where oid = 'jobqueue.jobs'::regclass").fetchone()
+            assert row is not None
+            return float(row[0])
+        before = reltuples()
+        enqueue_many(app, [{"kind": "noop", "tenant": 1}] * (BULK_ANALYZE - 1))
+        assert reltuples() == before
+        with admin.transaction():
+            admin.execute("lock table jobqueue.jobs in share update exclusive mode")
+            app.execute("set lock_timeout = '5s'")
+            enqueue_many(app, [{"kind": "noop", "tenant": 1}] * BULK_ANALYZE)
+        assert reltuples() == before
+        enqueue_many(app, [{"kind": "noop", "tenant": 1}] * BULK_ANALYZE)
+        assert reltuples() == 3 * BULK_ANALYZE - 1
+
+
+def test_a_bulk_on_a_schema_before_0006_queues_its_jobs(scratch: Scratch) -> None:
+    """An application upgraded before `migrate`: no analyze_after_bulk; the bulk still queues
+    every job, in the caller's transaction too (the call fails in a savepoint of its own)."""
+    with scratch.connect("owner", "test bulk owner", autocommit=True) as owner:
+        owner.execute("drop function jobqueue.analyze_after_bulk(bigint)")
+    with scratch.connect("worker", "test bulk app") as app:
+        ids = enqueue_many(app, [{"kind": "noop", "tenant": 1}] * BULK_ANALYZE)
+        app.commit()
+        assert app.execute("select count(*) from jobqueue.jobs").fetchone() == (len(ids),)
+
+
+def test_a_role_without_the_grant_queues_its_bulk_and_cannot_analyze(scratch: Scratch) -> None:
+    """analyze_after_bulk is not PUBLIC: a role not granted it (an untrusted one) cannot make it
+    analyze (and hold the table's lock) at will; a bulk by such a role still queues every job."""
+    with scratch.connect("owner", "test bulk owner", autocommit=True) as owner:
+        owner.execute(sql.SQL("revoke execute on function jobqueue.analyze_after_bulk(bigint) "
+                              "from {}").format(sql.Identifier(scratch.worker_role)))
+    with scratch.connect("worker", "test bulk app") as app:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("select jobqueue.analyze_after_bulk(1000000)")
+        app.rollback()
+        ids = enqueue_many(app, [{"kind": "noop", "tenant": 1}] * BULK_ANALYZE)
+        app.commit()
+        assert app.execute("select count(*) from jobqueue.jobs").fetchone() == (len(ids),)
 
 
 def test_async_enqueue_on_an_async_connection(scratch: Scratch) -> None:

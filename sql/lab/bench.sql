@@ -124,3 +124,15 @@ analyze jobs;
 -- the sessions of database `name` have ended so far (committed and rolled back).
 -- name: bench_db_transactions
 select xact_commit + xact_rollback from pg_stat_database where datname = %(name)s;
+
+-- Run by tenantlab.bench (claim_after_bulk) on the running worker's connection: psycopg's name
+-- for the worker's prepared claim (its text with $1, $2 ... for the parameters).
+-- name: bench_prepared_name
+select name from pg_prepared_statements where statement = %(statement)s;
+
+-- Run by tenantlab.bench (claim_after_bulk) on the running worker's connection, in autocommit:
+-- the worker's own prepared claim, on the plan PostgreSQL keeps for it (a real claim, committed:
+-- its job stays leased), with the buffers it read. Composed with psycopg.sql: {name} the
+-- prepared statement, {args} its parameters.
+-- name: bench_explain_prepared
+explain (analyze, buffers, format json) execute {name}({args});

@@ -24,6 +24,8 @@ grant select, insert, update on tenant_turns to tenantlab_worker;
 grant select, insert, update, delete on jobqueue.workers to tenantlab_worker;
 -- Periodic jobs move their schedule's last slot (jobqueue.periodic).
 grant select, insert, update on jobqueue.periodic to tenantlab_worker;
+-- Bulk enqueues and retries analyze the jobs afterwards (jobqueue migration 0006).
+grant execute on function jobqueue.analyze_after_bulk(bigint) to tenantlab_worker;
 
 -- What a demo job wrote in its own transaction (payload `"write": true`): a handler that writes
 -- takes a transaction id at that write and holds it until its finish commits (findings vacuum,

@@ -18,3 +18,4 @@ grant select on jobqueue.migrations to tenantlab_worker;
 grant select, insert, update on jobqueue.tenant_turns to tenantlab_worker;
 grant select, insert, update, delete on jobqueue.workers to tenantlab_worker;
 grant select, insert, update on jobqueue.periodic to tenantlab_worker;
+grant execute on function jobqueue.analyze_after_bulk(bigint) to tenantlab_worker;

@@ -16,6 +16,7 @@ when it commits) and returns the jobs' ids. What a job may carry:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -26,6 +27,8 @@ from psycopg.types.json import Jsonb
 
 from .jobs import ConfigError, JobQueueError, TenantId, UnknownKind, check_tenant
 from .queries import q
+
+log = logging.getLogger((__package__ or "jobqueue").split(".")[0])
 
 DEFAULT_QUEUE = "default"
 PRIORITY_RANGE = (-10, 10)  # the column's check priority_in_range; the claims name each
@@ -172,6 +175,43 @@ def _sync(conn: Any, name: str) -> None:
 
 # -- many jobs, one statement ----------------------------------------------------------------
 
+#: From this many jobs on, a bulk operation (enqueue_many, retry_dead) asks for fresh statistics
+#: (``jobqueue.analyze_after_bulk``, which also checks it): the plans every worker keeps for its
+#: prepared statements were made with the table's size then, and a plan made on a few jobs reads
+#: every row of a large queue (a claim after 100,000 queued: 3,097 buffers, about 40 ms, until
+#: autoanalyze, about a minute later). Below it: no round trip; a few hundred rows more cost a
+#: kept plan little.
+BULK_ANALYZE = 1000
+
+
+def analyze_after_bulk(conn: psycopg.Connection, jobs: int) -> None:
+    """Ask for fresh statistics after a bulk of `jobs` (``jobqueue.analyze_after_bulk``).
+
+    In a savepoint of the caller's transaction (or a transaction of its own): on a schema from
+    before migration 0006 (an application upgraded before ``migrate``) the function is missing,
+    or the role was not granted it; the bulk must not fail for it: the plans then wait for
+    autoanalyze, as before (a missing grant is logged, once).
+    """
+    try:
+        with conn.transaction():
+            conn.execute(q("analyze_after_bulk"), {"jobs": jobs})
+    except (psycopg.errors.UndefinedFunction, psycopg.errors.InsufficientPrivilege) as e:
+        _not_analyzed(e)
+
+
+def _not_analyzed(e: psycopg.Error) -> None:
+    """Log, once per process, that a role may not run analyze_after_bulk (a missing grant)."""
+    global _UNGRANTED_LOGGED
+    if isinstance(e, psycopg.errors.InsufficientPrivilege) and not _UNGRANTED_LOGGED:
+        _UNGRANTED_LOGGED = True
+        log.warning("a bulk was queued without fresh statistics: this role may not execute "
+                    "jobqueue.analyze_after_bulk(bigint) (README, 'Grant three roles'); "
+                    "running workers keep plans made for a small queue until autoanalyze")
+
+
+_UNGRANTED_LOGGED = False
+
+
 def _many(jobs: Iterable[Job | Mapping[str, Any]],
           known: Container[str] | None) -> tuple[list[Job], str, dict[str, Any]]:
     batch = [_check(_job(j), known) for j in jobs]
@@ -228,6 +268,8 @@ def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Job | Mapping[str, Any
     if not batch:
         return []
     rows = conn.execute(query, params).fetchall()  # type: ignore[arg-type,unused-ignore]
+    if len(batch) >= BULK_ANALYZE:
+        analyze_after_bulk(conn, len(batch))
     ids, missing = _ids(batch, rows)
     if missing:
         found = dict((k, i) for i, k in conn.execute(q("unique_ids"), {"keys": missing}))
@@ -251,6 +293,12 @@ async def enqueue_many_async(conn: psycopg.AsyncConnection,
         return []
     cur = await conn.execute(query, params)  # type: ignore[arg-type,unused-ignore]
     ids, missing = _ids(batch, await cur.fetchall())
+    if len(batch) >= BULK_ANALYZE:
+        try:
+            async with conn.transaction():
+                await conn.execute(q("analyze_after_bulk"), {"jobs": len(batch)})
+        except (psycopg.errors.UndefinedFunction, psycopg.errors.InsufficientPrivilege) as e:
+            _not_analyzed(e)  # see analyze_after_bulk
     if missing:
         cur = await conn.execute(q("unique_ids"), {"keys": missing})
         found = dict((k, i) for i, k in await cur.fetchall())

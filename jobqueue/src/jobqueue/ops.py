@@ -31,6 +31,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from .enqueue import BULK_ANALYZE, analyze_after_bulk
 from .jobs import ConfigError, JobQueueError
 from .queries import q
 
@@ -147,6 +148,9 @@ def retry_dead(conn: psycopg.Connection, *, kind: str | None = None, tenant: str
                 # A job of one of these keys was enqueued while this ran: read again.
                 if not tries_left or not conn.autocommit:
                     raise
+        if len(rows) >= BULK_ANALYZE:
+            # As enqueue_many: the workers' kept plans made again with the queue's real size.
+            analyze_after_bulk(conn, len(rows))
         if skipped is not None:
             skipped.extend(cur.execute(q("retry_dead_skipped"), params).fetchall())
     for r in rows:

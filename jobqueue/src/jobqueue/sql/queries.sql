@@ -61,6 +61,14 @@ with job as (
 )
 select job.id, null::text from job, notified;
 
+-- Run by enqueue_many (and its async twin) after a batch of BULK_ANALYZE jobs or more, and by
+-- retry_dead after as many: the statistics of jobqueue.jobs made afresh when the batch
+-- outweighs what they know of (migration 0006), so that every session's kept plans are made
+-- again with the table's real size, not a minute later by autoanalyze. In the caller's
+-- transaction: its own new rows count.
+-- name: analyze_after_bulk
+select jobqueue.analyze_after_bulk(%(jobs)s);
+
 -- Run by jobqueue.enqueue_many when a job has a unique key: the same insert, skipping each
 -- job whose key a live job (or an earlier job of the same call) holds. Returns the rows
 -- inserted with their keys; the caller looks the skipped keys up (unique_ids).
@@ -182,7 +190,9 @@ select pg_is_in_recovery() as standby,
 -- update by primary key: a plan that stays the same whatever the table's estimates (with `id
 -- in (...)` the planner, misled by exhausted rows it cannot tell apart, re-planned every claim
 -- at several times the cost). A worker serving one queue (the default) uses this claim; one
--- serving several, claim_leased_queues.
+-- serving several, claim_leased_queues. Leased.claim_query writes the batch size in (a number,
+-- not a parameter, in the four claim_leased statements): PostgreSQL costs a kept generic plan's
+-- `limit $n` as a tenth of the rows, so with a large analyzed queue it planned every claim afresh.
 -- name: claim_leased
 update jobqueue.jobs
    set status = 'running', attempts = attempts + 1,

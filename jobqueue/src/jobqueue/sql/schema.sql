@@ -136,3 +136,28 @@ create table jobqueue.periodic (
   name      text primary key,
   last_slot timestamptz not null
 );
+
+-- After a bulk operation (enqueue_many, retry --dead of 1,000 jobs or more), the table's statistics
+-- made afresh when the bulk outweighs them: every session's kept plans are made again (0006).
+-- Security definer (ANALYZE needs the owner), never waiting; EXECUTE only where granted.
+create function jobqueue.analyze_after_bulk(jobs bigint) returns boolean
+  language plpgsql security definer
+  set search_path = pg_catalog, pg_temp
+as $$
+begin
+  -- Small bulks, and bulks the statistics already cover (the table held at least as many
+  -- rows when last analyzed), change no plan: nothing to do.
+  if jobs < 1000 or jobs < (select c.reltuples from pg_class c
+                             where c.oid = 'jobqueue.jobs'::regclass) then
+    return false;
+  end if;
+  begin
+    lock table jobqueue.jobs in share update exclusive mode nowait;
+  exception when lock_not_available then
+    return false;
+  end;
+  analyze jobqueue.jobs;
+  return true;
+end
+$$;
+revoke execute on function jobqueue.analyze_after_bulk(bigint) from public;
