@@ -288,8 +288,6 @@ class Worker:
     def _serve(self, conn: psycopg.Connection, wakes: psycopg.Connection | None = None) -> bool:
         """Run jobs on one connection (NOTIFYs on `wakes`, if any); True when the worker is
         done (not merely cut off)."""
-        o = self.options
-        listening = wakes is not None
         if not self.parts_checked:
             self._check_parts(conn)  # the first connection: before any claim
             self.parts_checked = True
@@ -304,10 +302,26 @@ class Worker:
         presence = self.presence
         if presence is not None:
             presence.touch(conn, start=presence.last == -math.inf)
+        pending: list[Claim] = []
+        try:
+            return self._serve_rounds(conn, wakes, pending)
+        finally:
+            # Cut off between rounds (an outage, a stop): the jobs claimed with the last finish
+            # and not run yet are let go. Held, the heartbeat (its session of its own, back
+            # with the server) would extend their leases for ever: running for no one.
+            for c in pending:
+                self.queue.release(c)
+
+    def _serve_rounds(self, conn: psycopg.Connection, wakes: psycopg.Connection | None,
+                      pending: list[Claim]) -> bool:
+        """The rounds of ``_serve``; `pending` (claimed with the last finish, not run yet) is
+        kept up to date in place, for the caller to let go if the rounds end early."""
+        o = self.options
+        listening = wakes is not None
+        presence = self.presence
         idle = False
         failed = 0  # rounds in a row that failed on a healthy connection
         checked = time.monotonic()  # the preflight (or the last round) checked the schema
-        pending: list[Claim] = []
         # Jobs already claimed (with the last finish) are part of the current job: run them
         # even when a stop was asked for meanwhile.
         while pending or not self.stopping:
@@ -319,7 +333,7 @@ class Worker:
                     checked = time.monotonic()
                 if len(self.schedules):
                     self._tick(conn, holding=bool(pending))
-                outcomes = self.run_round(conn, pending)
+                outcomes = self.run_round(conn, list(pending))
             except psycopg.Error as e:
                 self._no_clash(e, conn)
                 if broken(conn) or isinstance(e, (psycopg.errors.ReadOnlySqlTransaction,
@@ -340,7 +354,7 @@ class Worker:
                 for c in pending:
                     # Never run now: its heartbeat must not keep it `running` for ever.
                     self.queue.release(c)
-                pending = []
+                pending.clear()
                 self._sleep(1.0)
                 continue
             failed = 0
@@ -350,7 +364,7 @@ class Worker:
                 # came in meanwhile (memory growing with the enqueues). Read here (counted, see
                 # Wake) and dropped: the next claim looks at the table anyway.
                 act = self._read(wakes, 0)  # type: ignore[arg-type]
-            pending = outcomes[-1].claimed if outcomes else []
+            pending[:] = outcomes[-1].claimed if outcomes else []
             if (self.wake is not None and outcomes and not pending and not act
                     and not o.until_empty and self._asked and outcomes[-1].status == "done"
                     and not self._walks_known_tenants):
