@@ -182,6 +182,8 @@ def _sync(conn: Any, name: str) -> None:
 #: autoanalyze, about a minute later). Below it: no round trip; a few hundred rows more cost a
 #: kept plan little.
 BULK_ANALYZE = 1000
+#: What a bulk goes on without analyzing: a schema from before 0006, a role not granted it.
+NOT_ANALYZED = (psycopg.errors.UndefinedFunction, psycopg.errors.InsufficientPrivilege)
 
 
 def analyze_after_bulk(conn: psycopg.Connection, jobs: int) -> None:
@@ -195,7 +197,7 @@ def analyze_after_bulk(conn: psycopg.Connection, jobs: int) -> None:
     try:
         with conn.transaction():
             conn.execute(q("analyze_after_bulk"), {"jobs": jobs})
-    except (psycopg.errors.UndefinedFunction, psycopg.errors.InsufficientPrivilege) as e:
+    except NOT_ANALYZED as e:
         _not_analyzed(e)
 
 
@@ -297,7 +299,7 @@ async def enqueue_many_async(conn: psycopg.AsyncConnection,
         try:
             async with conn.transaction():
                 await conn.execute(q("analyze_after_bulk"), {"jobs": len(batch)})
-        except (psycopg.errors.UndefinedFunction, psycopg.errors.InsufficientPrivilege) as e:
+        except NOT_ANALYZED as e:
             _not_analyzed(e)  # see analyze_after_bulk
     if missing:
         cur = await conn.execute(q("unique_ids"), {"keys": missing})
