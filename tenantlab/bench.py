@@ -445,6 +445,8 @@ def idle_latency(s: db.Scratch, listen: bool, jobs: int = LATENCY_JOBS) -> dict[
 
 #: Idle workers for wake_transactions, and the jobs queued one at a time while they wait.
 WAKE_WORKERS = 10
+#: The noisy-neighbour rows' burst: the workshop's (``reproduce noisy-neighbour``'s).
+NOISY_BURST = 1000
 WAKE_JOBS = 20
 #: A worker's line at its stop (-v): its claims of their own (not those riding on a finish).
 WAKE_STOPPED = re.compile(r"stopped: \d+ jobs claimed; (\d+) claims of their own")
@@ -511,6 +513,119 @@ def wake_transactions(s: db.Scratch, workers: int = WAKE_WORKERS,
     return {"workers": workers, "jobs": jobs, "quiet_per_s": round(quiet / quiet_s, 2),
             "transactions_per_job": round(woken / jobs, 2),
             "claims_per_job": None if claims is None else round(claims, 2)}
+
+
+#: The noisy neighbour (issue 32, item 3), at the workshop's size: the finding's burst of one
+#: tenant and 99 small tenants' jobs, drained by its worker processes (``python -m jobqueue``)
+#: once per claim policy: each row's jobs/s is the first arrival's (the small tenants' jobs
+#: arriving during the drain), as ``reproduce noisy-neighbour`` reports it; the row's profile
+#: counts both arrivals (and their set-up: the enqueue, the workers' start) alike per policy.
+NOISY: dict[str, str] = {"noisy_fifo": "fifo", "noisy_round_robin": "round-robin",
+                         "noisy_limit": "limit"}
+
+
+def noisy(s: db.Scratch, name: str, burst: int, out: dict[str, Any]) -> float:
+    """Drain the noisy neighbour with one policy's worker processes; return its jobs/s arriving
+    during the drain, and keep every arrival's measures in `out` (by row name)."""
+    from .experiments import noisy_neighbour
+
+    k = noisy_neighbour.Knobs.of(burst=burst)
+    before = _statements_of(s)
+    got: dict[str, Any] = noisy_neighbour.drain(s, NOISY[name], k)
+    if before is not None and (after := _statements_of(s)) is not None:
+        calls = sum(c for t, (c, _ms) in after.items() if t.startswith(CLAIMS[NOISY[name]]))
+        calls -= sum(c for t, (c, _ms) in before.items() if t.startswith(CLAIMS[NOISY[name]]))
+        ms = sum(m for t, (_c, m) in after.items() if t.startswith(CLAIMS[NOISY[name]]))
+        ms -= sum(m for t, (_c, m) in before.items() if t.startswith(CLAIMS[NOISY[name]]))
+        got["claim"] = {"calls": calls, "exec_ms_per_call": round(ms / calls, 4) if calls else None}
+    for arrival in noisy_neighbour.ARRIVALS:
+        m = got[arrival]
+        if m["done"] != m["jobs"] or m["duplicates"]:
+            raise RuntimeError(f"bench {name}, {arrival}: {m['done']} of {m['jobs']} jobs done, "
+                               f"{m['duplicates']} run twice")
+    out[name] = got
+    return float(got["during_drain"]["jobs_per_s"])
+
+
+#: Each policy's claim statement, by its first words as pg_stat_statements keeps them.
+CLAIMS = {"fifo": "update jobqueue.jobs set status = $", "round-robin": "with recursive tenants",
+          "limit": "with busy as"}
+
+
+def _statements_of(s: db.Scratch) -> dict[str, tuple[int, float]] | None:
+    """Return the statements of `s`'s database so far: first words -> (calls, execution ms),
+    summed; None without the profiler's pg_stat_statements."""
+    if _profiler is None or not _profiler.statements:
+        return None
+    out: dict[str, tuple[int, float]] = {}
+    for text, calls, ms in _profiler.conn.execute(q("bench_statements_of"), {"db": s.name}):
+        c0, m0 = out.get(text, (0, 0.0))
+        out[text] = (c0 + int(calls), m0 + float(ms))
+    return out
+
+
+def noisy_jobs(burst: int) -> int:
+    """Return the jobs of one noisy row: both arrivals of the burst and the 99 small jobs."""
+    from .experiments import noisy_neighbour
+
+    return 2 * (burst + 99 * noisy_neighbour.Knobs().small_jobs)
+
+
+def _noisy_ratios(jps: dict[str, float], rounds: dict[str, Any]) -> dict[str, float]:
+    """Return one round's noisy-neighbour ratios: each fair policy's jobs/s against FIFO's
+    (``noisy_<policy>_vs_fifo``: 0.9 = costs 10 %) and how many times lower its small tenants'
+    p95 wait is, arriving during the drain (``noisy_<policy>_p95_cut``)."""
+    out = {}
+    for name in ("noisy_round_robin", "noisy_limit"):
+        if name not in jps or "noisy_fifo" not in jps:
+            continue
+        out[f"{name}_vs_fifo"] = round(jps[name] / jps["noisy_fifo"], 3)
+        fifo, fair = rounds["noisy_fifo"]["during_drain"], rounds[name]["during_drain"]
+        out[f"{name}_p95_cut"] = round(fifo["small_tenants_wait_p95_s"]
+                                       / max(fair["small_tenants_wait_p95_s"], 1e-3), 3)
+    return out
+
+
+def _noisy_details(rounds: list[dict[str, Any]]) -> dict[str, str]:
+    """Return what the noisy-neighbour rows measured beyond their profiles, medians over the
+    rounds: each claim's execution per call, and the drain's two phases (several tenants with
+    work, then the burst's alone) arriving during the drain."""
+    def med(name: str, *path: str) -> float | None:
+        values = []
+        for r in rounds:
+            v: Any = r.get(name, {})
+            for key in path:
+                v = v.get(key) if isinstance(v, dict) else None
+            if v is not None:
+                values.append(float(v))
+        return statistics.median(values) if values else None
+
+    out = {}
+    for name in ("noisy_round_robin", "noisy_limit"):
+        if not any(name in r for r in rounds):
+            continue
+        parts = []
+        fair, fifo = med(name, "claim", "exec_ms_per_call"), med("noisy_fifo", "claim",
+                                                                 "exec_ms_per_call")
+        if fair is not None and fifo is not None:
+            parts.append(f"its claim executes in {fair:.3f} ms a call against FIFO's "
+                         f"{fifo:.3f} (pg_stat_statements)")
+        phases = [(med(n, "during_drain", f"{p}_jobs_per_s"), med(n, "during_drain", f"{p}_jobs"))
+                  for n in (name, "noisy_fifo") for p in ("several_tenants", "burst_alone")]
+        (several, several_n), (alone, alone_n), _fifo_several, _ = phases
+        fifo_rate = med("noisy_fifo", "during_drain", "jobs_per_s")
+        if None not in (several, alone, fifo_rate, several_n, alone_n):
+            parts.append(f"while several tenants have work {several:,.0f} jobs/s "
+                         f"({several_n:,.0f} jobs), the burst's tenant alone {alone:,.0f} jobs/s "
+                         f"({alone_n:,.0f} jobs), FIFO {fifo_rate:,.0f} jobs/s throughout")
+        if name == "noisy_limit":
+            # The policy itself: one running job per tenant, so the burst's tenant alone keeps
+            # one worker busy, whatever the others could do.
+            parts.append("limit=1 runs one job of a tenant at a time: with the burst's tenant "
+                         "alone one worker works, by design")
+        if parts:
+            out[f"{name}_vs_fifo"] = "; ".join(parts)
+    return out
 
 
 def processes(s: db.Scratch, workers: int, jobs: int, *extra: str) -> float:
@@ -642,9 +757,10 @@ def _claim_details(hist: dict[str, Any], history: int, not_due: dict[str, Any],
 def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int = 4,
         peers: bool = False, progress: Callable[[str, Any], None] | None = None,
         scheduled: int = 100_000, backoff: int = 10_000, exhausted: int = 1_000,
-        bulk_jobs: int = BULK, tenants: int = TENANTS) -> dict[str, Any]:
+        bulk_jobs: int = BULK, tenants: int = TENANTS,
+        noisy_burst: int = NOISY_BURST) -> dict[str, Any]:
     """Measure everything `rounds` times; return the JSON document ``tenantlab bench --json``
-    writes."""
+    writes (``noisy_burst`` 0: without the noisy-neighbour rows)."""
     global _profiler
     say = progress or (lambda name, value: None)
     drift: dict[str, Any] = {}
@@ -667,10 +783,12 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
             ceilings = [f"ceiling_{k}" for k in CEILINGS] if pgbench else []
             names = ["select1", "commit1", *ceilings, *DESIGNS, *LOOPS, *ROUTING, "enqueue_one",
                      "enqueue_many",
-                     *peer_names, *(f"workers_{w}" for w in counts)]
+                     *peer_names, *(f"workers_{w}" for w in counts),
+                     *(NOISY if noisy_burst else ())]
             runs: dict[str, list[float]] = {name: [] for name in names}
             prof: dict[str, list[dict[str, float | None]]] = {}
             claim_rounds: list[dict[str, Any]] = []
+            noisy_rounds: list[dict[str, Any]] = []
             whole_runs: dict[str, list[float]] = {}
 
             def measure(name: str, n: int, rate: Callable[..., Any], *args: Any) -> None:
@@ -692,7 +810,7 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
                 # cores, their rate from the first job to the last: no rest to speak of.
                 prof.setdefault(name, []).append(bench_profile.complete(
                     counted, r["jobs_per_s"], r["cpu_ms_per_job"],
-                    serial=not name.startswith("workers_")))
+                    serial=not name.startswith("workers_") and name not in NOISY))
                 if "drift" in r:
                     drift.setdefault(name, []).append(r["drift"])
                 if "jobs_per_s_whole" in r:
@@ -724,6 +842,10 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
                     measure(name, jobs, bench_peers.drain, name, jobs, _stop)
                 for w in turn(counts, i):
                     measure(f"workers_{w}", jobs, processes, p, w, jobs)
+                noisy_rounds.append({})
+                for name in turn(NOISY, i) if noisy_burst else ():
+                    measure(name, noisy_jobs(noisy_burst), noisy, s, name, noisy_burst,
+                            noisy_rounds[-1])
                 claim_rounds.append(claims(p, history, scheduled, backoff, exhausted,
                                            bulk_jobs, say))
             latency = {}
@@ -747,7 +869,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
     for i, cr in enumerate(claim_rounds):
         jps_i = {k: v[i] for k, v in runs.items()}
         ceiling_i = {k: jps_i[f"ceiling_{k}"] for k in CEILINGS if f"ceiling_{k}" in jps_i}
-        for k, v in _round_ratios(jps_i, cr, history, ceiling_i or None).items():
+        for k, v in (_round_ratios(jps_i, cr, history, ceiling_i or None)
+                     | _noisy_ratios(jps_i, noisy_rounds[i])).items():
             ratio_rounds.setdefault(k, []).append(v)
     profile_rounds = {name: {m: [x.get(m) for x in v] for m in bench_profile.METRICS}
                       for name, v in prof.items()}
@@ -755,7 +878,8 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
                           else round(r["median"], 4)) for m, vs in ms.items()}
                for name, ms in profile_rounds.items()}
     targets = bench_profile.judge(ratio_rounds, profile,
-                                  _claim_details(hist, history, not_due, spent, bulk))
+                                  _claim_details(hist, history, not_due, spent, bulk)
+                                  | _noisy_details(noisy_rounds))
     notes = DURABILITY | peer_notes
     flushes = {k: v["wal_flushes_per_job"] for k, v in profile.items()
                if v["wal_flushes_per_job"] is not None}
@@ -791,6 +915,11 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         # (issue 32, item 5); claims_per_job: the workers' claims of their own per job (1: one
         # wake-up per job; before the wake chain every idle worker woke and claimed)
         "wake": wake,
+        # the noisy neighbour's rows (noisy_fifo, noisy_round_robin, noisy_limit): its burst,
+        # and each round's measures per row and arrival (during_drain: the rows' jobs/s;
+        # queued_first), as `reproduce noisy-neighbour` reports them; {} when --noisy 0
+        "noisy_neighbour": ({"burst": noisy_burst, "rounds": noisy_rounds}
+                            if noisy_burst else {}),
         "scaling": scaling,
         # the worker and design rows from the worker's start to its end, start-up and
         # shut-down included (results: from the first job's execution to the last, as the
@@ -956,6 +1085,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bulk", type=number(int, "bulk", zero=True, most=MAX_ROWS), default=BULK,
                    help="jobs of the enqueue_many and the retry --dead before the first claims "
                         "are timed (default 100,000; 0: not)")
+    p.add_argument("--noisy", type=number(int, "noisy", zero=True, most=10_000),
+                   default=NOISY_BURST,
+                   help="the noisy neighbour's burst (one tenant, in front of 99 small tenants' "
+                        "jobs), drained per claim policy by worker processes (default 1,000, "
+                        "the workshop's; 0: not)")
     p.add_argument("--workers", type=count("workers", most=64), default=4,
                    help="worker processes at most for the scaling run (1, 2, 4, 8 up to W)")
     p.add_argument("--peers", action="store_true",
@@ -1028,7 +1162,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"  {name:24} {shown}", file=sys.stderr, flush=True)
 
     r = run(args.jobs, args.rounds, args.history, args.workers, args.peers, progress,
-            args.scheduled, args.backoff, args.exhausted, args.bulk, args.tenants)
+            args.scheduled, args.backoff, args.exhausted, args.bulk, args.tenants, args.noisy)
     print(f"PostgreSQL {r['server_version']} (fsync {r['settings']['fsync']}, synchronous_commit "
           f"{r['settings']['synchronous_commit']}), {r['jobs']} no-op jobs, median of "
           f"{r['rounds']} rounds (min-max), in {r['seconds']:.0f} s")
@@ -1060,6 +1194,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"  {w['workers']} idle workers: {w['transactions_per_job']:.1f} server transactions per "
           "job queued" + ("" if w.get("claims_per_job") is None else
                           f", {w['claims_per_job']:.1f} claims of the workers' own per job"))
+    for name, got in (r.get("noisy_neighbour") or {}).get("rounds", [{}])[-1].items():
+        m = got["during_drain"]
+        print(f"  noisy neighbour {NOISY[name]:12} (last round) small tenants' p95 wait "
+              f"{m['small_tenants_wait_p95_s']:.3f} s, the burst's {m['noisy_tenant_wait_p95_s']:.3f} s")
     for name, v in r["idle_latency_ms"].items():
         print(f"  idle latency {name:12} median {v['median']:.1f} ms, p95 {v['p95']:.1f} ms")
     for name, v in r["ratios"].items():

@@ -268,6 +268,15 @@ TARGETS: list[Target] = [
      "`claim_ms`", lambda v: v <= 2, None),
     ("leased_round_robin_vs_leased", "`--fair round-robin` at least FIFO / 1.5 over the run's "
      "tenants", lambda v: v >= 1 / 1.5, ("leased_round_robin", "leased")),
+    ("noisy_round_robin_vs_fifo", "noisy neighbour (workshop size, 4 worker processes): "
+     "`--fair round-robin` costs at most 10 % of FIFO's jobs/s", lambda v: v >= 0.9,
+     ("noisy_round_robin", "noisy_fifo")),
+    ("noisy_round_robin_p95_cut", "the same: small tenants' p95 wait at least 10x lower than "
+     "FIFO's", lambda v: v >= 10, None),
+    ("noisy_limit_vs_fifo", "noisy neighbour: `--fair limit=1` costs at most 10 % of FIFO's "
+     "jobs/s", lambda v: v >= 0.9, ("noisy_limit", "noisy_fifo")),
+    ("noisy_limit_p95_cut", "the same: small tenants' p95 wait at least 10x lower than FIFO's",
+     lambda v: v >= 10, None),
     ("workers_4_vs_1", "4 workers at least 2.5x one", lambda v: v >= 2.5,
      ("workers_4", "workers_1")),
     ("workers_8_vs_4", "8 workers no slower than 4", lambda v: v >= 1, ("workers_8", "workers_4")),

@@ -52,6 +52,7 @@ OFFLINE: list[tuple[str, list[str], dict[str, str]]] = [
     ("number", TL + ["enqueue", "--kind", "sleep", "--max-attempts", "2147483648"], {}),
     ("number", TL + ["enqueue", "--kind", "sleep", "--tenant", "0"], {}),
     ("number", TL + ["bench", "--workers", "100000"], {}),
+    ("number", TL + ["bench", "--noisy", "20000"], {}),
     ("number", TL + ["up", "--port", "80"], {}),
     ("number", JQ + ["--dsn", GOOD_DSN, "--lease", "inf"], {}),
     ("number", JQ + ["--dsn", GOOD_DSN, "--poll", "nan"], {}),

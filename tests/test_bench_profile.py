@@ -192,3 +192,40 @@ def test_the_wake_miss_says_how_many_of_its_transactions_are_claims() -> None:
     text = bench_table.table(r)
     assert ("- one wake-up per job with 10 idle workers: 19.7 server transactions per job, of "
             "which the workers' own claims are 1.0 per job") in text
+
+
+def _noisy_round(fifo: float, rr: float, limit: float) -> dict[str, object]:
+    """One round of the noisy-neighbour rows, as bench.noisy keeps them (made-up numbers)."""
+    def row(p95: float, claim_ms: float, several: float, alone: float) -> dict[str, object]:
+        drain = {"small_tenants_wait_p95_s": p95, "several_tenants_jobs_per_s": several,
+                 "several_tenants_jobs": 100, "burst_alone_jobs_per_s": alone,
+                 "burst_alone_jobs": 999, "jobs_per_s": 0.0}
+        return {"during_drain": drain, "queued_first": dict(drain),
+                "claim": {"calls": 1100, "exec_ms_per_call": claim_ms}}
+
+    return {"noisy_fifo": row(fifo, 0.09, 1500, 1500), "noisy_round_robin": row(rr, 0.24, 700, 1350),
+            "noisy_limit": row(limit, 0.11, 850, 850)}
+
+
+def test_the_noisy_rows_are_judged_against_fifo_in_the_same_round_with_their_wait_cut() -> None:
+    r = _noisy_round(0.65, 0.05, 0.0004)
+    ratios = bench._noisy_ratios({"noisy_fifo": 1500.0, "noisy_round_robin": 1200.0,
+                                  "noisy_limit": 900.0}, r)
+    assert ratios == {"noisy_round_robin_vs_fifo": 0.8, "noisy_round_robin_p95_cut": 13.0,
+                      "noisy_limit_vs_fifo": 0.6, "noisy_limit_p95_cut": 650.0}  # 1 ms floor
+    assert bench._noisy_ratios({"noisy_fifo": 1500.0}, r) == {}  # --noisy 0, or a row missing
+
+
+def test_a_missed_noisy_target_says_what_its_claim_and_each_phase_measured() -> None:
+    rounds = [_noisy_round(0.65, 0.05, 0.01)]
+    rounds[0]["noisy_fifo"]["during_drain"]["jobs_per_s"] = 1500.0  # type: ignore[index]
+    details = bench._noisy_details(rounds)
+    t = bench_profile.judge({"noisy_round_robin_vs_fifo": [0.8], "noisy_limit_vs_fifo": [0.6]},
+                            {}, details)
+    why = t["noisy_round_robin_vs_fifo"]["why"]
+    assert "its claim executes in 0.240 ms a call against FIFO's 0.090" in why
+    assert ("while several tenants have work 700 jobs/s (100 jobs), the burst's tenant alone "
+            "1,350 jobs/s (999 jobs), FIFO 1,500 jobs/s throughout") in why
+    assert "one worker works, by design" in t["noisy_limit_vs_fifo"]["why"]
+    assert "by design" not in why
+    assert bench._noisy_details([]) == {}  # --noisy 0: nothing to say

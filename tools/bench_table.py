@@ -44,6 +44,10 @@ ROWS = [
     ("leased_priority", "`leased_priority`: `leased` on jobs of four priorities"),
     ("leased_queues", "`leased_queues`: `leased`, one worker serving two queues"),
     ("leased_unique", "`leased_unique`: `leased` on jobs that each have a unique key"),
+    ("noisy_fifo", "noisy neighbour, FIFO: a burst of one tenant and 99 small tenants' jobs "
+                   "arriving during the drain, 4 worker processes (`reproduce noisy-neighbour`)"),
+    ("noisy_round_robin", "noisy neighbour, `--fair round-robin`"),
+    ("noisy_limit", "noisy neighbour, `--fair limit=1`"),
     ("enqueue_one", "enqueue rate: one `enqueue` per job, in one transaction"),
     ("enqueue_many", "enqueue rate: `enqueue_many`, one statement"),
 ]

@@ -78,6 +78,13 @@ select userid, dbid, queryid, toplevel, calls, total_exec_time
   from pg_stat_statements(false)
  where dbid <> (select oid from pg_database where datname = current_database());
 
+-- Run by tenantlab.bench around a noisy-neighbour row: one database's statements, their first
+-- words (whitespace folded), calls and execution time (ms) so far: its claim's cost per call.
+-- name: bench_statements_of
+select left(regexp_replace(query, '\s+', ' ', 'g'), 40) as query, calls, total_exec_time
+  from pg_stat_statements(true)
+ where dbid = (select oid from pg_database where datname = %(db)s);
+
 -- Run by tenantlab.bench after an idle-latency run: from a job's insert to its execution's
 -- start, in milliseconds (one server clock for both).
 -- name: bench_latency_ms

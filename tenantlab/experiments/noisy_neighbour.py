@@ -163,6 +163,28 @@ def _arrive(k: Knobs, policy: str, arrival: str, conn: Any, watch: Any,
     return {"waits": waits, "duplicates": int(dup[2]) if dup else 0}
 
 
+def drain(s: db.Scratch, policy: str, knobs: Knobs | None = None) -> dict[str, dict[str, Any]]:
+    """Drain each arrival once with `policy`'s worker processes, no chart: each arrival's
+    measures (jobs/s, the groups' waits; ``tenantlab bench``'s noisy-neighbour rows)."""
+    k = knobs or Knobs()
+    got = _drain(s, k, policy, lambda *_: None)
+    return {arrival: _stats(policy, g["waits"], g["duplicates"]) | _phases(g["waits"])
+            for arrival, g in got.items()}
+
+
+def _phases(waits: pd.DataFrame) -> dict[str, Any]:
+    """Return the drain's two phases: while small tenants still start jobs (up to their last
+    start), then the burst's jobs alone; each one's jobs (started in it) and jobs/s."""
+    small_last = waits.loc[waits["tenant_id"] != NOISY, "started"].max()
+    first, last = waits["started"].min(), waits["finished"].max()
+    alone = int((waits["started"] > small_last).sum())
+    return {"several_tenants_jobs": len(waits) - alone,
+            "several_tenants_jobs_per_s": round((len(waits) - alone)
+                                                / max(small_last - first, 1e-3), 1),
+            "burst_alone_jobs": alone,
+            "burst_alone_jobs_per_s": round(alone / max(last - small_last, 1e-3), 1)}
+
+
 def _stats(policy: str, waits: pd.DataFrame, duplicates: int) -> dict[str, Any]:
     small, noisy = waits[waits["tenant_id"] != NOISY], waits[waits["tenant_id"] == NOISY]
     span = waits["finished"].max() - waits["started"].min()
