@@ -952,7 +952,7 @@ def run(jobs: int = 2000, rounds: int = 3, history: int = 100_000, workers: int 
         "client_cpu_ms_per_job": {k: round(v, 3) for k, v in cpu.items()},
         # what a crash right after a job can lose: flush per job or per batch, by each row's code
         "durability": {k: notes[k] for k in results if k in notes}
-        | {k: DURABILITY["workers"] for k in results if k.startswith("workers_")},
+        | {k: DURABILITY["workers"] for k in results if k.startswith("workers_") or k in NOISY},
         "docs": {k: v for k, v in peer_docs.items() if k in results},
         # kept from the first bench (add, never rename)
         "repeats": rounds,
