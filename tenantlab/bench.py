@@ -1155,11 +1155,22 @@ def target_lines(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def shown(value: Any) -> str:
+    """Return a progress line's value as words: a rate, or a measurement's parts (never a
+    dict's repr)."""
+    if isinstance(value, float):
+        return f"{value:8.0f} jobs/s"
+    if isinstance(value, dict):
+        return ", ".join(f"{k.replace('_', ' ')} {v:,g}" if isinstance(v, float) else
+                         f"{k.replace('_', ' ')} {v:,}" if isinstance(v, int) else
+                         f"{k.replace('_', ' ')} {v}" for k, v in value.items())
+    return str(value)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run ``tenantlab bench`` with parsed arguments."""
     def progress(name: str, value: Any) -> None:
-        shown = f"{value:8.0f} jobs/s" if isinstance(value, float) else str(value)
-        print(f"  {name:24} {shown}", file=sys.stderr, flush=True)
+        print(f"  {name:24} {shown(value)}", file=sys.stderr, flush=True)
 
     r = run(args.jobs, args.rounds, args.history, args.workers, args.peers, progress,
             args.scheduled, args.backoff, args.exhausted, args.bulk, args.tenants, args.noisy)

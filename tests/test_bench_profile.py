@@ -229,3 +229,11 @@ def test_a_missed_noisy_target_says_what_its_claim_and_each_phase_measured() -> 
     assert "one worker works, by design" in t["noisy_limit_vs_fifo"]["why"]
     assert "by design" not in why
     assert bench._noisy_details([]) == {}  # --noisy 0: nothing to say
+
+
+def test_the_progress_shows_a_measurement_as_words_not_a_dict() -> None:
+    assert bench.shown(1234.4) == "    1234 jobs/s"
+    assert bench.shown({"workers": 10, "transactions_per_job": 18.65, "claims_per_job": 1.0}) == (
+        "workers 10, transactions per job 18.65, claims per job 1")
+    assert bench.shown({"jobs": 100000, "claim_ms": 0.679}) == "jobs 100,000, claim ms 0.679"
+    assert bench.shown("1 of 3") == "1 of 3"
