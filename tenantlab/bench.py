@@ -445,8 +445,6 @@ def idle_latency(s: db.Scratch, listen: bool, jobs: int = LATENCY_JOBS) -> dict[
 
 #: Idle workers for wake_transactions, and the jobs queued one at a time while they wait.
 WAKE_WORKERS = 10
-#: The noisy-neighbour rows' burst: the workshop's (``reproduce noisy-neighbour``'s).
-NOISY_BURST = 1000
 WAKE_JOBS = 20
 #: A worker's line at its stop (-v): its claims of their own (not those riding on a finish).
 WAKE_STOPPED = re.compile(r"stopped: \d+ jobs claimed; (\d+) claims of their own")
@@ -522,6 +520,8 @@ def wake_transactions(s: db.Scratch, workers: int = WAKE_WORKERS,
 #: counts both arrivals (and their set-up: the enqueue, the workers' start) alike per policy.
 NOISY: dict[str, str] = {"noisy_fifo": "fifo", "noisy_round_robin": "round-robin",
                          "noisy_limit": "limit"}
+#: The noisy-neighbour rows' burst: the workshop's (``reproduce noisy-neighbour``'s).
+NOISY_BURST = 1000
 
 
 def noisy(s: db.Scratch, name: str, burst: int, out: dict[str, Any]) -> float:
@@ -533,10 +533,9 @@ def noisy(s: db.Scratch, name: str, burst: int, out: dict[str, Any]) -> float:
     before = _statements_of(s)
     got: dict[str, Any] = noisy_neighbour.drain(s, NOISY[name], k)
     if before is not None and (after := _statements_of(s)) is not None:
-        calls = sum(c for t, (c, _ms) in after.items() if t.startswith(CLAIMS[NOISY[name]]))
-        calls -= sum(c for t, (c, _ms) in before.items() if t.startswith(CLAIMS[NOISY[name]]))
-        ms = sum(m for t, (_c, m) in after.items() if t.startswith(CLAIMS[NOISY[name]]))
-        ms -= sum(m for t, (_c, m) in before.items() if t.startswith(CLAIMS[NOISY[name]]))
+        claim = CLAIMS[NOISY[name]]
+        calls, ms = (sum(v[i] for t, v in after.items() if t.startswith(claim))
+                     - sum(v[i] for t, v in before.items() if t.startswith(claim)) for i in (0, 1))
         got["claim"] = {"calls": calls, "exec_ms_per_call": round(ms / calls, 4) if calls else None}
     for arrival in noisy_neighbour.ARRIVALS:
         m = got[arrival]
