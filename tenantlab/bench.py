@@ -530,9 +530,10 @@ def noisy(s: db.Scratch, name: str, burst: int, out: dict[str, Any]) -> float:
     from .experiments import noisy_neighbour
 
     k = noisy_neighbour.Knobs.of(burst=burst)
-    before = _statements_of(s)
+    profiler = _profiler
+    before = profiler.statements_of(s.name) if profiler else None
     got: dict[str, Any] = noisy_neighbour.drain(s, NOISY[name], k)
-    if before is not None and (after := _statements_of(s)) is not None:
+    if before is not None and profiler and (after := profiler.statements_of(s.name)) is not None:
         claim = CLAIMS[NOISY[name]]
         calls, ms = (sum(v[i] for t, v in after.items() if t.startswith(claim))
                      - sum(v[i] for t, v in before.items() if t.startswith(claim)) for i in (0, 1))
@@ -551,18 +552,6 @@ CLAIMS = {"fifo": "update jobqueue.jobs set status = $", "round-robin": "with re
           "limit": "with busy as"}
 
 
-def _statements_of(s: db.Scratch) -> dict[str, tuple[int, float]] | None:
-    """Return the statements of `s`'s database so far: first words -> (calls, execution ms),
-    summed; None without the profiler's pg_stat_statements."""
-    if _profiler is None or not _profiler.statements:
-        return None
-    out: dict[str, tuple[int, float]] = {}
-    for text, calls, ms in _profiler.conn.execute(q("bench_statements_of"), {"db": s.name}):
-        c0, m0 = out.get(text, (0, 0.0))
-        out[text] = (c0 + int(calls), m0 + float(ms))
-    return out
-
-
 def noisy_jobs(burst: int) -> int:
     """Return the jobs of one noisy row: both arrivals of the burst and the 99 small jobs."""
     from .experiments import noisy_neighbour
@@ -574,14 +563,15 @@ def _noisy_ratios(jps: dict[str, float], rounds: dict[str, Any]) -> dict[str, fl
     """Return one round's noisy-neighbour ratios: each fair policy's jobs/s against FIFO's
     (``noisy_<policy>_vs_fifo``: 0.9 = costs 10 %) and how many times lower its small tenants'
     p95 wait is, arriving during the drain (``noisy_<policy>_p95_cut``)."""
+    from .experiments import noisy_neighbour
+
     out = {}
     for name in ("noisy_round_robin", "noisy_limit"):
         if name not in jps or "noisy_fifo" not in jps:
             continue
         out[f"{name}_vs_fifo"] = round(jps[name] / jps["noisy_fifo"], 3)
-        fifo, fair = rounds["noisy_fifo"]["during_drain"], rounds[name]["during_drain"]
-        out[f"{name}_p95_cut"] = round(fifo["small_tenants_wait_p95_s"]
-                                       / max(fair["small_tenants_wait_p95_s"], 1e-3), 3)
+        out[f"{name}_p95_cut"] = round(noisy_neighbour.ratio_of(
+            rounds["noisy_fifo"]["during_drain"], rounds[name]["during_drain"]), 3)
     return out
 
 
@@ -589,14 +579,8 @@ def _noisy_details(rounds: list[dict[str, Any]]) -> dict[str, str]:
     """Return what the noisy-neighbour rows measured beyond their profiles, medians over the
     rounds: each claim's execution per call, and the drain's two phases (several tenants with
     work, then the burst's alone) arriving during the drain."""
-    def med(name: str, *path: str) -> float | None:
-        values = []
-        for r in rounds:
-            v: Any = r.get(name, {})
-            for key in path:
-                v = v.get(key) if isinstance(v, dict) else None
-            if v is not None:
-                values.append(float(v))
+    def med(*path: str) -> float | None:
+        values = bench_profile.round_values(rounds, *path)
         return statistics.median(values) if values else None
 
     out = {}
@@ -604,14 +588,13 @@ def _noisy_details(rounds: list[dict[str, Any]]) -> dict[str, str]:
         if not any(name in r for r in rounds):
             continue
         parts = []
-        fair, fifo = med(name, "claim", "exec_ms_per_call"), med("noisy_fifo", "claim",
-                                                                 "exec_ms_per_call")
+        fair, fifo = (med(n, "claim", "exec_ms_per_call") for n in (name, "noisy_fifo"))
         if fair is not None and fifo is not None:
             parts.append(f"its claim executes in {fair:.3f} ms a call against FIFO's "
                          f"{fifo:.3f} (pg_stat_statements)")
-        phases = [(med(n, "during_drain", f"{p}_jobs_per_s"), med(n, "during_drain", f"{p}_jobs"))
-                  for n in (name, "noisy_fifo") for p in ("several_tenants", "burst_alone")]
-        (several, several_n), (alone, alone_n), _fifo_several, _ = phases
+        several, several_n, alone, alone_n = (
+            med(name, "during_drain", f"{phase}_{what}")
+            for phase in ("several_tenants", "burst_alone") for what in ("jobs_per_s", "jobs"))
         fifo_rate = med("noisy_fifo", "during_drain", "jobs_per_s")
         if None not in (several, alone, fifo_rate, several_n, alone_n):
             parts.append(f"while several tenants have work {several:,.0f} jobs/s "

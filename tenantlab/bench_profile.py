@@ -125,6 +125,17 @@ class Profiler:
                 self.statements = False
         return out
 
+    def statements_of(self, dbname: str) -> dict[str, tuple[int, float]] | None:
+        """Return one database's statements so far, by their first words: (calls, execution
+        ms), summed; None without pg_stat_statements."""
+        if not self.statements:
+            return None
+        out: dict[str, tuple[int, float]] = {}
+        for text, calls, ms in self.conn.execute(q("bench_statements_of"), {"db": dbname}):
+            c0, m0 = out.get(text, (0, 0.0))
+            out[text] = (c0 + int(calls), m0 + float(ms))
+        return out
+
     def begin(self) -> None:
         self._begin, self._stop = self.snapshot(), None
 
@@ -216,8 +227,13 @@ def fmt_range(values: Sequence[float] | dict[str, Any] | None, spec: str = ",.0f
 
 def claim_values(r: dict[str, Any], *path: str) -> list[float]:
     """Return one claim measurement of each round of run `r` (``claim_rounds``), by its path."""
+    return round_values(r.get("claim_rounds") or [], *path)
+
+
+def round_values(rounds: Sequence[dict[str, Any]], *path: str) -> list[float]:
+    """Return one measurement of each round, by its path (a round without it: left out)."""
     values = []
-    for c in r.get("claim_rounds") or []:
+    for c in rounds:
         v: Any = c
         for key in path:
             v = v.get(key, {}) if isinstance(v, dict) else {}

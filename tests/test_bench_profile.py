@@ -138,11 +138,16 @@ def test_the_profiler_counts_a_rows_commits_and_leaves_nothing_behind(
         scratch: db.Scratch) -> None:
     profiler = bench_profile.Profiler(db.admin_dsn())
     try:
+        before = profiler.statements_of(scratch.name)
         profiler.begin()
         bench.commit1(scratch, 50)
         p = profiler.end(50)
+        after = profiler.statements_of(scratch.name)
     finally:
         profiler.close()
+    if before is not None and after is not None:  # one database's statements, by first words
+        insert = next(t for t in after if t.startswith("insert"))
+        assert after[insert][0] - before.get(insert, (0, 0.0))[0] == 50
     # Other sessions of the server may add some; this row's own are all there.
     assert p["wal_flushes_per_job"] is not None and p["wal_flushes_per_job"] >= 1
     assert p["transactions_per_job"] is not None and p["transactions_per_job"] >= 1
